@@ -1,0 +1,73 @@
+"""Settings of the app: one ``COORDINATION = {...}`` dict, read lazily.
+
+Defaults (override any key in your settings)::
+
+    COORDINATION = {
+        "DATABASE": "default",      # alias holding locks, grants and fences
+        "DEFAULT_TTL": 30.0,        # seconds, when acquire() is given no ttl
+        "MIN_TTL": 0.05,            # seconds; shorter leases are refused
+        "MAX_TTL": 3600.0,          # seconds; longer leases are refused
+        "MAX_WAIT": 3600.0,         # seconds acquire(wait=...) may block
+        "POLL_INTERVAL": 0.05,      # first back-off step while waiting, seconds
+        "MAX_POLL_INTERVAL": 1.0,   # back-off ceiling while waiting, seconds
+    }
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings as django_settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+DEFAULTS: dict[str, Any] = {
+    "DATABASE": "default",
+    "DEFAULT_TTL": 30.0,
+    "MIN_TTL": 0.05,
+    "MAX_TTL": 3600.0,
+    "MAX_WAIT": 3600.0,
+    "POLL_INTERVAL": 0.05,
+    "MAX_POLL_INTERVAL": 1.0,
+}
+
+
+class CoordinationSettings:
+    """Attribute access to ``settings.COORDINATION`` with defaults, cached until changed."""
+
+    def __init__(self) -> None:
+        self._cache: dict[str, Any] | None = None
+
+    def _values(self) -> dict[str, Any]:
+        if self._cache is None:
+            user = getattr(django_settings, "COORDINATION", {}) or {}
+            unknown = set(user) - set(DEFAULTS)
+            if unknown:
+                from django.core.exceptions import ImproperlyConfigured
+
+                raise ImproperlyConfigured(
+                    f"Unknown COORDINATION settings: {', '.join(sorted(unknown))}. "
+                    f"Known: {', '.join(sorted(DEFAULTS))}."
+                )
+            self._cache = {**DEFAULTS, **user}
+        return self._cache
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        try:
+            return self._values()[name]
+        except KeyError:
+            raise AttributeError(f"no COORDINATION setting {name!r}") from None
+
+    def reload(self) -> None:
+        self._cache = None
+
+
+app_settings = CoordinationSettings()
+
+
+@receiver(setting_changed)
+def _reload_on_change(*, setting: str, **kwargs: Any) -> None:
+    if setting == "COORDINATION":
+        app_settings.reload()

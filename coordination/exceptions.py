@@ -1,0 +1,154 @@
+"""Errors of the coordination app.
+
+Every error is a :class:`CoordinationError` with a stable ``code`` (used
+unchanged by the REST layer and in logs) and an HTTP ``status_code``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+
+class CoordinationError(Exception):
+    """Base class of every error raised by coordination."""
+
+    code = "coordination_error"
+    status_code = 400
+    default_detail = "The coordination request failed."
+
+    def __init__(self, detail: str | None = None, **extra: Any) -> None:
+        self.detail = detail or self.default_detail
+        self.extra = extra
+        super().__init__(self.detail)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The error as the REST layer and structured logs present it."""
+        body: dict[str, Any] = {"code": self.code, "detail": self.detail}
+        for name, value in self.extra.items():
+            body[name] = value.isoformat() if isinstance(value, dt.datetime) else value
+        return body
+
+
+class InvalidInput(CoordinationError, ValueError):
+    """A key, holder, ttl, wait, token or step is malformed or out of bounds."""
+
+    code = "invalid"
+    default_detail = "Invalid input."
+
+
+class InTransaction(CoordinationError):
+    """The grant point was called inside an open transaction.
+
+    A grant must commit on its own: inside an outer transaction the token would
+    not be durable until that transaction commits, and a rollback would let the
+    same token be issued twice.
+    """
+
+    code = "in_transaction"
+    status_code = 500
+    default_detail = (
+        "coordination.locks must not run inside transaction.atomic() "
+        "(or ATOMIC_REQUESTS); call it in autocommit mode."
+    )
+
+
+class LockHeld(CoordinationError):
+    """The lock is held by someone else; ``retry_after`` says how long to wait."""
+
+    code = "lock_held"
+    status_code = 409
+    default_detail = "The lock is held."
+
+    def __init__(
+        self, key: str, holder: str, expires_at: dt.datetime, retry_after: float
+    ) -> None:
+        self.key = key
+        self.holder = holder
+        self.expires_at = expires_at
+        self.retry_after = retry_after
+        super().__init__(
+            f"lock {key!r} is held by {holder} until {expires_at:%Y-%m-%d %H:%M:%S.%f}Z; "
+            f"retry after {retry_after:.1f} s",
+            holder=holder,
+            expires_at=expires_at,
+            retry_after=round(retry_after, 3),
+        )
+
+
+class LeaseLost(CoordinationError):
+    """The grant is no longer the lock's current lease (expired, released, revoked or
+    taken over), or the lease proof (``lease_id``) does not match."""
+
+    code = "lease_lost"
+    status_code = 409
+    default_detail = "The lease is no longer held."
+
+
+class StaleToken(CoordinationError):
+    """A newer token already wrote to the resource; ``current_token`` is its watermark."""
+
+    code = "stale_token"
+    status_code = 409
+    default_detail = "A newer token has already written to this resource."
+
+    def __init__(
+        self, resource: str, token: int, current_token: int, current_step: int = 0
+    ) -> None:
+        self.resource = resource
+        self.token = token
+        self.current_token = current_token
+        self.current_step = current_step
+        super().__init__(
+            f"token {token} is stale for {resource}: it has accepted token {current_token}; "
+            "take the lock again and re-read before writing",
+            current_token=current_token,
+            current_step=current_step,
+        )
+
+
+class DuplicateWrite(CoordinationError):
+    """The same token already wrote this step (or a later one) to the resource."""
+
+    code = "duplicate_write"
+    status_code = 409
+    default_detail = "This token already made this write."
+
+    def __init__(self, resource: str, token: int, step: int, current_step: int) -> None:
+        self.resource = resource
+        self.token = token
+        self.step = step
+        self.current_step = current_step
+        super().__init__(
+            f"token {token} step {step} is a duplicate for {resource}: step {current_step} "
+            "of this token is already stored; use an idempotency key to return its result",
+            current_token=token,
+            current_step=current_step,
+        )
+
+
+class WrongLock(CoordinationError):
+    """The grant belongs to another lock key than the one guarding the resource."""
+
+    code = "wrong_lock"
+    status_code = 409
+    default_detail = "The grant's lock does not guard this resource."
+
+
+class TokenExhausted(CoordinationError):
+    """The lock's token counter reached 2**63 - 1; tokens never wrap."""
+
+    code = "token_exhausted"
+    status_code = 409
+    default_detail = "The lock has issued its last token; use a new key."
+
+
+class NoGrant(CoordinationError):
+    """A fenced write was attempted with no grant passed and none in context."""
+
+    code = "no_grant"
+    status_code = 500
+    default_detail = (
+        "No grant: pass one to the fenced write, or run it inside locks.hold(), "
+        "locks.use_grant() or a fenced task."
+    )

@@ -1,0 +1,447 @@
+"""The resource side: fences that refuse late writers where the side effect happens.
+
+A resource keeps a watermark, the highest (token, step) it has accepted, and
+checks a write against it in the same atomic statement or transaction as the
+write itself (DESIGN rule 4):
+
+- token below the watermark: refused as stale (``StaleToken``);
+- token above it: accepted, and the watermark rises;
+- the same token: accepted only for a later step of the same grant (a holder
+  numbering its writes 1, 2, 3...); the same or an earlier step is a
+  duplicate (``DuplicateWrite``). Same-token retries that must return the
+  first result go through :func:`idempotent`.
+
+Three ways to fence a resource:
+
+- :class:`FencedModel` rows are their own fences: ``fenced_update`` is one
+  conditional ``UPDATE ... WHERE fence < :token OR (fence = :token AND
+  fence_step < :step)``.
+- :func:`fence` locks named :class:`~coordination.models.Fence` rows in the
+  caller's transaction, for side effects that are not one row update.
+- The REST document store, built on :func:`fence`.
+
+Every refusal is recorded as a :class:`~coordination.models.Rejection`.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from functools import cache
+from typing import Any, ClassVar, NoReturn, TypeVar, cast, overload
+
+from django.core.exceptions import FieldError, ValidationError
+from django.db import connections, models, transaction
+from django.db.models import Q
+from django.db.models.sql import InsertQuery
+
+from . import signals
+from .conf import app_settings
+from .exceptions import (
+    CoordinationError,
+    DuplicateWrite,
+    InvalidInput,
+    LeaseLost,
+    NoGrant,
+    StaleToken,
+    WrongLock,
+)
+from .locks import current_grant
+from .models import (
+    MAX_TOKEN,
+    DatabaseNow,
+    Fence,
+    Grant,
+    IdempotencyRecord,
+    Rejection,
+    RejectionReason,
+    validate_key,
+)
+
+__all__ = ["FencedModel", "FencedQuerySet", "fence", "idempotent", "record_rejection"]
+
+logger = logging.getLogger("coordination.fencing")
+
+T = TypeVar("T")
+_Model = TypeVar("_Model", bound=models.Model)
+_PLACEHOLDER = re.compile(r"\{(\w+)\}")
+
+
+class FencedQuerySet(models.QuerySet[_Model]):
+    """QuerySet of a :class:`FencedModel`, with the fenced conditional update."""
+
+    def fenced_update(
+        self, grant: Grant | None = None, /, *, step: int | None = None, **values: Any
+    ) -> int:
+        """Apply ``values`` to the row guarded by ``grant``'s lock key, if its fence admits it.
+
+        One conditional UPDATE: the check and the write cannot be separated by a
+        pause. ``grant`` defaults to the current one (``locks.hold``,
+        ``locks.use_grant`` or a fenced task); ``step`` defaults to the grant's
+        next write number. Returns the number of rows written (at least 1).
+
+        Raises ``StaleToken`` (a newer token wrote; ``current_token`` says which),
+        ``DuplicateWrite`` (this token already wrote this step or a later one),
+        ``WrongLock`` (the grant's key does not guard the rows asked for; nothing is
+        written), ``LeaseLost`` (the grant was marked lost), or the model's
+        ``DoesNotExist``. Each refusal is recorded as a Rejection.
+        """
+        model: Any = self.model
+        grant = _resolve_grant(grant)
+        label = model._meta.label_lower
+        binding = lock_binding(model, grant.key)
+        if binding is None:
+            _refuse(
+                WrongLock(
+                    f"lock {grant.key!r} does not guard {label} rows "
+                    f"(they are guarded by {model.fence_lock!r})"
+                ),
+                resource=label, grant=grant, step=step or 0, reason=RejectionReason.WRONG_LOCK,
+                using=self.db,
+            )
+        write_step = _resolve_step(grant, step)
+        if grant.lost:
+            _refuse(
+                LeaseLost(f"the lease of {grant.key!r} token {grant.token} was lost; not writing"),
+                resource=label, grant=grant, step=write_step, reason=RejectionReason.LEASE_LOST,
+                using=self.db,
+            )
+        try:
+            guarded = self.filter(**binding)
+        except (ValueError, ValidationError, FieldError):
+            guarded = self.none()
+        token = grant.token
+        admits = Q(fence__lt=token) | Q(fence=token, fence_step__lt=write_step)
+        # A refused write changes nothing, and the watermark only rises, so a
+        # refusal found by the reads below still holds; the loop is for a row
+        # deleted and re-created in between.
+        for _attempt in range(3):
+            written = guarded.filter(admits).update(fence=token, fence_step=write_step, **values)
+            if written:
+                return written
+            rows = list(guarded.values_list("pk", "fence", "fence_step")[:1])
+            if not rows:
+                if self.exists():
+                    _refuse(
+                        WrongLock(f"lock {grant.key!r} does not guard the {label} rows asked for"),
+                        resource=label, grant=grant, step=write_step,
+                        reason=RejectionReason.WRONG_LOCK, using=self.db,
+                    )
+                raise model.DoesNotExist(
+                    f"no {label} row guarded by lock {grant.key!r} matches the query"
+                )
+            pk, current, current_step = rows[0]
+            resource = f"{label}:{pk}"
+            refusal = _refusal(resource, token, write_step, current, current_step)
+            if refusal is not None:
+                reason, error = refusal
+                _refuse(
+                    error, resource=resource, grant=grant, step=write_step, reason=reason,
+                    watermark=(current, current_step), using=self.db,
+                )
+        raise CoordinationError(f"fenced_update of {label} did not settle; retry")  # pragma: no cover
+
+
+class FencedModel(models.Model):
+    """A model whose rows are their own fences.
+
+    Declare which lock key guards a row with ``fence_lock``, a template over the
+    row's fields: ``fence_lock = "account:{pk}"`` means the grant of
+    ``account:7`` may write the row with pk 7 and no other. The ``fence`` column is
+    the watermark (BIGINT NOT NULL DEFAULT 0: a NULL would make the first
+    comparison UNKNOWN and block every write) and ``fence_step`` numbers the
+    writes under one token.
+    """
+
+    fence = models.BigIntegerField(default=0, db_default=0, editable=False)
+    fence_step = models.BigIntegerField(default=0, db_default=0, editable=False)
+
+    fence_lock: ClassVar[str]
+
+    objects = FencedQuerySet.as_manager()
+
+    class Meta:
+        abstract = True
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(fence__gte=0), name="%(app_label)s_%(class)s_fence_gte_0"
+            ),
+            models.CheckConstraint(
+                condition=Q(fence_step__gte=0), name="%(app_label)s_%(class)s_fence_step_gte_0"
+            ),
+        ]
+
+    def fenced_save(
+        self, grant: Grant | None = None, /, *, fields: Sequence[str], step: int | None = None
+    ) -> None:
+        """Write ``fields`` of this instance through ``fenced_update`` and keep its fence."""
+        grant = _resolve_grant(grant)
+        write_step = _resolve_step(grant, step)
+        manager = type(self)._default_manager.using(self._state.db)
+        manager.filter(pk=self.pk).fenced_update(
+            grant, step=write_step, **{name: getattr(self, name) for name in fields}
+        )
+        self.fence, self.fence_step = grant.token, write_step
+
+
+def lock_binding(model: type[models.Model], key: str) -> dict[str, str] | None:
+    """The field lookups of the rows that lock ``key`` guards, or None if it guards none."""
+    template = getattr(model, "fence_lock", None)
+    if not isinstance(template, str):
+        raise CoordinationError(
+            f"{model._meta.label} must declare fence_lock, e.g. "
+            f'fence_lock = "{model._meta.model_name}:{{pk}}"'
+        )
+    match = _template_pattern(template).fullmatch(key)
+    return None if match is None else match.groupdict()
+
+
+@cache
+def _template_pattern(template: str) -> re.Pattern[str]:
+    parts: list[str] = []
+    position = 0
+    for placeholder in _PLACEHOLDER.finditer(template):
+        parts.append(re.escape(template[position : placeholder.start()]))
+        parts.append(f"(?P<{placeholder.group(1)}>[^:]+)")
+        position = placeholder.end()
+    parts.append(re.escape(template[position:]))
+    return re.compile("".join(parts))
+
+
+@overload
+def fence(  # type: ignore[overload-overlap]  # a str is also a Sequence[str]
+    resource: str, grant: Grant | None = None, *, step: int | None = None, using: str | None = None
+) -> AbstractContextManager[Fence]: ...
+
+
+@overload
+def fence(
+    resource: Sequence[str],
+    grant: Grant | None = None,
+    *,
+    step: int | None = None,
+    using: str | None = None,
+) -> AbstractContextManager[list[Fence]]: ...
+
+
+def fence(
+    resource: str | Sequence[str],
+    grant: Grant | None = None,
+    *,
+    step: int | None = None,
+    using: str | None = None,
+) -> AbstractContextManager[Any]:
+    """Guard a side effect with the named Fence row(s), inside one transaction.
+
+    On entry, locks the Fence row(s) (created on first use, guarded by
+    ``grant``'s lock key) with ``SELECT ... FOR UPDATE`` in resource-name order,
+    so several resources in one transaction never deadlock; checks the grant's
+    (token, step) against each watermark and raises the watermark. The block runs
+    inside the same transaction: database writes in it commit together with the
+    new watermark, or not at all. Yields the Fence (a list for several).
+
+    Refusals raise ``StaleToken``, ``DuplicateWrite``, ``WrongLock`` (the fence is
+    guarded by another key) or ``LeaseLost``, before the block runs.
+    """
+    names = [resource] if isinstance(resource, str) else sorted(set(resource))
+    if not names:
+        raise InvalidInput("fence() needs at least one resource name")
+    for name in names:
+        validate_key(name, what="resource")
+    return _fenced_block(names, grant, step, using or app_settings.DATABASE, isinstance(resource, str))
+
+
+@contextmanager
+def _fenced_block(
+    names: list[str], grant: Grant | None, step: int | None, alias: str, single: bool
+) -> Iterator[Any]:
+    grant = _resolve_grant(grant)
+    write_step = _resolve_step(grant, step)
+    if grant.lost:
+        _refuse(
+            LeaseLost(f"the lease of {grant.key!r} token {grant.token} was lost; not writing"),
+            resource=names[0], grant=grant, step=write_step, reason=RejectionReason.LEASE_LOST,
+            using=alias,
+        )
+    refused: tuple[Fence, RejectionReason, CoordinationError] | None = None
+    with transaction.atomic(using=alias):
+        rows = _locked_fences(names, grant.key, alias)
+        for row in rows:
+            if row.lock_key != grant.key:
+                error: CoordinationError = WrongLock(
+                    f"fence {row.resource!r} is guarded by lock {row.lock_key!r}, "
+                    f"not {grant.key!r}"
+                )
+                refused = (row, RejectionReason.WRONG_LOCK, error)
+                break
+            refusal = _refusal(row.resource, grant.token, write_step, row.token, row.step)
+            if refusal is not None:
+                refused = (row, *refusal)
+                break
+        if refused is None:
+            Fence.objects.using(alias).filter(pk__in=[row.pk for row in rows]).update(
+                token=grant.token, step=write_step, updated_at=DatabaseNow()
+            )
+            for row in rows:
+                row.token, row.step = grant.token, write_step
+            yield rows[0] if single else rows
+            return
+    # Refused: the transaction above changed nothing but new, empty fence rows.
+    row, reason, error = refused
+    _refuse(
+        error, resource=row.resource, grant=grant, step=write_step, reason=reason,
+        watermark=(row.token, row.step), using=alias,
+    )
+
+
+def _locked_fences(names: list[str], lock_key: str, alias: str) -> list[Fence]:
+    rows = Fence.objects.using(alias).select_for_update().filter(resource__in=names)
+    found = list(rows.order_by("resource"))
+    if len(found) < len(names):
+        existing = {row.resource for row in found}
+        Fence.objects.using(alias).bulk_create(
+            [Fence(resource=name, lock_key=lock_key) for name in names if name not in existing],
+            ignore_conflicts=True,
+        )
+        found = list(rows.order_by("resource"))
+    return found
+
+
+def idempotent(key: str, operation: Callable[[], T], *, using: str | None = None) -> T:
+    """Run ``operation`` once for ``key``; a retry returns the stored result instead.
+
+    For same-token retries (DESIGN rule 10): the operation and the stored result
+    commit in one transaction, so either both happen or neither does. A
+    concurrent retry waits for the first to finish, then gets its result. The
+    result must be JSON-serialisable; a retry gets it back as decoded JSON.
+    An operation that raises stores nothing, so it may be retried.
+    """
+    if not isinstance(key, str) or not key or len(key) > 255:
+        raise InvalidInput("idempotency key must be 1 to 255 characters")
+    alias = using or app_settings.DATABASE
+    records = IdempotencyRecord.objects.using(alias)
+    with transaction.atomic(using=alias):
+        # Insert-or-nothing, then lock: a concurrent retry blocks on this row
+        # until the first run commits, instead of running the operation again.
+        records.bulk_create([IdempotencyRecord(key=key)], ignore_conflicts=True)
+        record = records.select_for_update().get(key=key)
+        if record.completed:
+            return cast(T, record.result)
+        result = operation()
+        record.result, record.completed = result, True
+        record.save(update_fields=["result", "completed"])
+        return result
+
+
+def record_rejection(
+    *,
+    resource: str,
+    grant: Grant,
+    step: int,
+    reason: RejectionReason,
+    watermark: tuple[int, int] | None = None,
+    using: str | None = None,
+) -> Rejection:
+    """Record a refused write so that it survives the refused transaction.
+
+    Outside a transaction it commits at once. Inside one on PostgreSQL it is
+    written through a second connection, so the caller's rollback cannot erase it.
+    SQLite allows one writer, and the caller's transaction is it: there the record
+    commits with the caller's transaction.
+    """
+    alias = using or app_settings.DATABASE
+    rejection = Rejection(
+        resource=resource[: Rejection._meta.get_field("resource").max_length],
+        lock_key=grant.key,
+        token=grant.token,
+        step=step,
+        watermark_token=watermark[0] if watermark else None,
+        watermark_step=watermark[1] if watermark else None,
+        reason=reason,
+        holder=grant.holder,
+    )
+    connection = connections[alias]
+    if connection.vendor == "postgresql" and _in_caller_transaction(connection):
+        _insert_on_own_connection(rejection, alias)
+    else:
+        rejection.save(using=alias)
+    logger.warning(
+        "write refused reason=%s resource=%s key=%s token=%d step=%d watermark=%s",
+        reason, resource, grant.key, grant.token, step, watermark,
+    )
+    signals.write_rejected.send(sender=Rejection, rejection=rejection)
+    return rejection
+
+
+# --- helpers ------------------------------------------------------------------
+
+
+def _refusal(
+    resource: str, token: int, step: int, current: int, current_step: int
+) -> tuple[RejectionReason, CoordinationError] | None:
+    """Why (token, step) is not above the watermark (current, current_step), if it is not."""
+    if token < current:
+        return RejectionReason.STALE, StaleToken(resource, token, current, current_step)
+    if token == current and step <= current_step:
+        return RejectionReason.DUPLICATE, DuplicateWrite(resource, token, step, current_step)
+    return None
+
+
+def _refuse(
+    error: CoordinationError,
+    *,
+    resource: str,
+    grant: Grant,
+    step: int,
+    reason: RejectionReason,
+    watermark: tuple[int, int] | None = None,
+    using: str,
+) -> NoReturn:
+    record_rejection(
+        resource=resource, grant=grant, step=step, reason=reason, watermark=watermark, using=using
+    )
+    raise error
+
+
+def _resolve_grant(grant: Grant | None) -> Grant:
+    grant = grant if grant is not None else current_grant()
+    if grant is None:
+        raise NoGrant()
+    token = grant.token
+    if isinstance(token, bool) or not isinstance(token, int) or not 0 < token <= MAX_TOKEN:
+        raise InvalidInput(f"token must be an integer from 1 to {MAX_TOKEN}")
+    return grant
+
+
+def _resolve_step(grant: Grant, step: int | None) -> int:
+    if step is None:
+        return grant.next_step()
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 < step <= MAX_TOKEN:
+        raise InvalidInput(f"step must be an integer from 1 to {MAX_TOKEN}")
+    return step
+
+
+def _in_caller_transaction(connection: Any) -> bool:
+    # The atomic blocks a TestCase opens around each test are not the caller's
+    # transaction: a record made there must stay inside the test's rollback.
+    return any(not getattr(block, "_from_testcase", False) for block in connection.atomic_blocks)
+
+
+def _insert_on_own_connection(record: models.Model, alias: str) -> None:
+    """Insert ``record`` through a short-lived second connection, in autocommit.
+
+    Refusals are rare, so a connection per record costs little and leaves no
+    idle connection behind in worker threads.
+    """
+    own = connections.create_connection(alias)
+    try:
+        fields = [f for f in record._meta.concrete_fields if not f.primary_key]
+        query = InsertQuery(type(record))
+        query.insert_values(fields, [record])
+        with own.cursor() as cursor:
+            for sql, params in query.get_compiler(connection=own).as_sql():
+                cursor.execute(sql, params)
+    finally:
+        own.close()

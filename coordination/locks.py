@@ -1,0 +1,420 @@
+"""The grant point: lease locks that issue fencing tokens.
+
+Every grant is one transaction on the lock's row: create the row if it is
+missing (``INSERT ... ON CONFLICT DO NOTHING``), lock it
+(``SELECT ... FOR UPDATE``; on SQLite the IMMEDIATE transaction holds the
+database write lock), read the database clock, decide free or held, raise the
+token counter by one and record the grant. Whoever holds the row lock is the
+only one deciding, so tokens of a key are unique and strictly increasing in
+grant order, and two leases of a key never overlap in database time.
+
+A lease only says the holder *was* granted the lock: a paused holder does not
+know its lease ended. Pass ``grant`` to the fenced writes of
+:mod:`coordination.fencing`; they refuse a token once a newer one has written.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import datetime as dt
+import logging
+import math
+import random
+import secrets
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from typing import cast
+
+from django.db import connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from . import signals
+from .conf import app_settings
+from .exceptions import InTransaction, InvalidInput, LeaseLost, LockHeld, TokenExhausted
+from .models import (
+    MAX_TOKEN,
+    Grant,
+    GrantEnd,
+    Lock,
+    LockState,
+    hash_lease_id,
+    lease_matches,
+    validate_holder,
+    validate_key,
+)
+
+__all__ = [
+    "acquire",
+    "current_grant",
+    "database_now",
+    "grant_from_proof",
+    "hold",
+    "release",
+    "renew",
+    "revoke",
+    "use_grant",
+]
+
+logger = logging.getLogger("coordination.locks")
+
+_current_grant: contextvars.ContextVar[Grant | None] = contextvars.ContextVar(
+    "coordination_current_grant", default=None
+)
+
+
+def current_grant() -> Grant | None:
+    """The grant of the enclosing ``hold()``, ``use_grant()`` or fenced task, if any."""
+    return _current_grant.get()
+
+
+@contextmanager
+def use_grant(grant: Grant) -> Iterator[Grant]:
+    """Make ``grant`` the one fenced writes use when none is passed, within the block."""
+    reset = _current_grant.set(grant)
+    try:
+        yield grant
+    finally:
+        _current_grant.reset(reset)
+
+
+def database_now(using: str | None = None) -> dt.datetime:
+    """The database server's current time (aware, UTC): the only clock leases use."""
+    connection = connections[using or app_settings.DATABASE]
+    return _read_clock(connection)
+
+
+def acquire(
+    key: str,
+    *,
+    holder: str,
+    ttl: float | None = None,
+    wait: float = 0.0,
+    using: str | None = None,
+) -> Grant:
+    """Grant the lock ``key`` to ``holder`` for ``ttl`` seconds of database time.
+
+    Returns the :class:`~coordination.models.Grant` with ``.key``, ``.token`` (strictly
+    greater than every earlier token of ``key``), ``.lease_id`` (the secret that
+    ``renew`` and ``release`` need), ``.holder`` and ``.expires_at``.
+
+    With ``wait`` > 0, blocks up to that many seconds, retrying with back-off and
+    jitter and waking when the current lease ends. Raises ``LockHeld`` (who holds
+    it, until when, ``retry_after`` seconds) if still busy, ``InvalidInput`` for a
+    bad key, holder, ttl or wait, ``TokenExhausted`` after token 2**63 - 1, and
+    ``InTransaction`` inside ``transaction.atomic()``.
+    """
+    key = validate_key(key)
+    holder = validate_holder(holder)
+    lease = _validate_ttl(app_settings.DEFAULT_TTL if ttl is None else ttl)
+    wait = _validate_seconds(wait, "wait", upper=float(app_settings.MAX_WAIT))
+    alias = using or app_settings.DATABASE
+
+    deadline = time.monotonic() + wait
+    backoff = float(app_settings.POLL_INTERVAL)
+    while True:
+        try:
+            grant = _grant(key, holder, lease, alias)
+        except LockHeld as held:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise
+            # Sleep until the lease ends (by the holder's own remaining time) or the
+            # back-off step, whichever is first; jitter spreads contending waiters.
+            pause = min(backoff * random.uniform(0.5, 1.0), held.retry_after + 0.002, remaining)
+            time.sleep(max(pause, 0.001))
+            backoff = min(backoff * 2, float(app_settings.MAX_POLL_INTERVAL))
+            continue
+        logger.info(
+            "lock acquired key=%s token=%d holder=%s expires_at=%s",
+            key, grant.token, holder, grant.expires_at.isoformat(),
+        )
+        signals.lock_acquired.send(sender=Grant, grant=grant)
+        return grant
+
+
+def renew(grant: Grant, *, ttl: float | None = None, using: str | None = None) -> Grant:
+    """Extend ``grant``'s lease to ``ttl`` seconds from now (database time).
+
+    Only the current holder can renew: the lease must not have expired, been
+    released, revoked or taken over, and ``grant.lease_id`` must match. Otherwise
+    raises ``LeaseLost`` and marks the grant lost. Returns the same grant with
+    ``expires_at`` moved.
+    """
+    lease = _validate_ttl(app_settings.DEFAULT_TTL if ttl is None else ttl)
+    alias = using or app_settings.DATABASE
+    try:
+        with _grant_transaction(alias) as connection:
+            lock = _locked_row(grant.key, alias, create=False)
+            now = _read_clock(connection)
+            _check_holds(lock, grant, now)
+            expires_at = now + dt.timedelta(seconds=lease)
+            Lock.objects.using(alias).filter(pk=lock.pk).update(expires_at=expires_at)
+            Grant.objects.using(alias).filter(lock_id=lock.pk, token=grant.token).update(
+                expires_at=expires_at
+            )
+    except LeaseLost as lost:
+        grant.mark_lost()
+        logger.warning("lease lost key=%s token=%d: %s", grant.key, grant.token, lost.detail)
+        signals.lock_lost.send(sender=Grant, grant=grant, error=lost)
+        raise
+    grant.expires_at = expires_at
+    return grant
+
+
+def release(grant: Grant, *, using: str | None = None) -> Grant:
+    """End ``grant``'s lease; the lock is free at once. Returns the ended grant.
+
+    Only the current holder's lease is released, never a newer holder's. Raises
+    ``LeaseLost`` if the grant is no longer the current lease; if it merely
+    expired and nobody took the lock since, the lock is freed and its grant
+    recorded as expired before ``LeaseLost`` is raised, so the caller learns that
+    its work ran past its lease.
+    """
+    alias = using or app_settings.DATABASE
+    with _grant_transaction(alias) as connection:
+        lock = _locked_row(grant.key, alias, create=False)
+        now = _read_clock(connection)
+        expired_at: dt.datetime | None = None
+        try:
+            _check_holds(lock, grant, now)
+            reason, ended_at = GrantEnd.RELEASED, now
+        except LeaseLost:
+            if not _is_current_lease(lock, grant) or lock.expires_at is None:
+                raise
+            expired_at = lock.expires_at
+            reason, ended_at = GrantEnd.EXPIRED, expired_at
+        _end_current(lock, reason, ended_at, alias)
+    grant.ended_at, grant.end_reason = ended_at, reason
+    if expired_at is not None:
+        grant.mark_lost()
+        raise LeaseLost(
+            f"lease of {grant.key!r} token {grant.token} expired at "
+            f"{expired_at.isoformat()} before release; the lock is now free"
+        )
+    logger.info("lock released key=%s token=%d", grant.key, grant.token)
+    signals.lock_released.send(sender=Grant, grant=grant, reason=reason)
+    return grant
+
+
+def revoke(key: str, *, using: str | None = None) -> Grant | None:
+    """Operator take-over: end the current lease of ``key`` (held or expired).
+
+    The holder's renew and release fail from now on with ``LeaseLost``, and the
+    next acquire gets a higher token, whose first write fences the revoked
+    holder out. Returns the revoked grant, or None if the lock was free.
+    """
+    key = validate_key(key)
+    alias = using or app_settings.DATABASE
+    with _grant_transaction(alias) as connection:
+        try:
+            lock = _locked_row(key, alias, create=False)
+        except LeaseLost:
+            return None
+        if not lock.holder:
+            return None
+        now = _read_clock(connection)
+        _end_current(lock, GrantEnd.REVOKED, now, alias)
+    logger.warning("lock revoked key=%s token=%d holder=%s", key, lock.token, lock.holder)
+    grant = Grant.objects.using(alias).filter(lock_id=lock.pk, token=lock.token).first()
+    if grant is not None:
+        grant.lock = lock
+        signals.lock_released.send(sender=Grant, grant=grant, reason=GrantEnd.REVOKED)
+    return grant
+
+
+@contextmanager
+def hold(
+    key: str,
+    *,
+    holder: str,
+    ttl: float | None = None,
+    wait: float = 0.0,
+    using: str | None = None,
+) -> Iterator[Grant]:
+    """Acquire ``key``, make the grant current for fenced writes, release on exit.
+
+    If the block succeeded but the lease was lost meanwhile, release raises
+    ``LeaseLost`` so the caller learns its work ran unprotected by the lease (the
+    fenced writes inside it were still checked).
+    """
+    grant = acquire(key, holder=holder, ttl=ttl, wait=wait, using=using)
+    try:
+        with use_grant(grant):
+            yield grant
+    except BaseException:
+        with suppress(LeaseLost):
+            release(grant, using=using)
+        raise
+    release(grant, using=using)
+
+
+def grant_from_proof(
+    key: str, token: int, lease_id: str, *, using: str | None = None
+) -> Grant:
+    """Rebuild a grant from its proof (key, token, lease_id), as REST clients present it.
+
+    Raises ``LeaseLost`` unless ``lease_id`` is the secret of the grant ``token`` of
+    ``key`` (compared in constant time) and that grant was not revoked. Whether a
+    newer token has written is for the fence to decide.
+    """
+    key = validate_key(key)
+    alias = using or app_settings.DATABASE
+    found = (
+        Grant.objects.using(alias)
+        .select_related("lock")
+        .filter(lock__key=key, token=token)
+        .first()
+    )
+    if found is None or not lease_matches(found.lease_hash, lease_id):
+        raise LeaseLost(f"no grant of {key!r} with token {token} matches this lease_id")
+    if found.end_reason == GrantEnd.REVOKED:
+        raise LeaseLost(f"grant {token} of {key!r} was revoked")
+    found.lease_id = lease_id
+    return found
+
+
+# --- the transaction on one lock row ---------------------------------------
+
+
+@contextmanager
+def _grant_transaction(alias: str) -> Iterator[BaseDatabaseWrapper]:
+    """A transaction of its own: a grant must be durable when acquire() returns.
+
+    Inside an outer transaction a rollback would un-issue a token the caller may
+    already have used, and the next acquire would issue it again.
+    """
+    atomic = transaction.atomic(using=alias, durable=True)
+    try:
+        atomic.__enter__()
+    except RuntimeError:
+        raise InTransaction() from None
+    try:
+        yield connections[alias]
+    except BaseException as error:
+        atomic.__exit__(type(error), error, error.__traceback__)
+        raise
+    atomic.__exit__(None, None, None)
+
+
+def _locked_row(key: str, alias: str, *, create: bool) -> Lock:
+    rows = Lock.objects.using(alias).select_for_update()
+    try:
+        return rows.get(key=key)
+    except Lock.DoesNotExist:
+        if not create:
+            raise LeaseLost(f"lock {key!r} has never been granted") from None
+    # ON CONFLICT DO NOTHING: racing first acquirers of a new key both get past
+    # here without an error, then queue on the same row lock.
+    Lock.objects.using(alias).bulk_create([Lock(key=key)], ignore_conflicts=True)
+    return rows.get(key=key)
+
+
+def _read_clock(connection: BaseDatabaseWrapper) -> dt.datetime:
+    # Read after the row lock is held, so waiting for the lock cannot make the
+    # decision (or the new lease's start) use a time from before the wait.
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT clock_timestamp()")
+            (now,) = cursor.fetchone()
+            return cast(dt.datetime, now).astimezone(dt.UTC)
+        cursor.execute("SELECT STRFTIME('%Y-%m-%d %H:%M:%f', 'NOW')")
+        (text,) = cursor.fetchone()
+        return dt.datetime.fromisoformat(text).replace(tzinfo=dt.UTC)
+
+
+def _grant(key: str, holder: str, lease: float, alias: str) -> Grant:
+    with _grant_transaction(alias) as connection:
+        lock = _locked_row(key, alias, create=True)
+        now = _read_clock(connection)
+        if lock.state_at(now) is LockState.HELD:
+            assert lock.expires_at is not None
+            raise LockHeld(
+                key, lock.holder, lock.expires_at, (lock.expires_at - now).total_seconds()
+            )
+        if lock.token >= MAX_TOKEN:
+            raise TokenExhausted(
+                f"lock {key!r} has issued token {lock.token}, the largest 64-bit token; "
+                "tokens never wrap: retire this key"
+            )
+        if lock.holder:
+            # The previous lease ran out without a release: close it as expired.
+            assert lock.expires_at is not None
+            _end_current(lock, GrantEnd.EXPIRED, lock.expires_at, alias)
+        lease_id = secrets.token_urlsafe(32)
+        lease_hash = hash_lease_id(lease_id)
+        token = lock.token + 1
+        expires_at = now + dt.timedelta(seconds=lease)
+        Lock.objects.using(alias).filter(pk=lock.pk).update(
+            token=token, holder=holder, lease_hash=lease_hash,
+            acquired_at=now, expires_at=expires_at,
+        )
+        lock.token, lock.holder, lock.lease_hash = token, holder, lease_hash
+        lock.acquired_at, lock.expires_at = now, expires_at
+        grant = Grant.objects.using(alias).create(
+            lock=lock, token=token, holder=holder, lease_hash=lease_hash,
+            acquired_at=now, expires_at=expires_at,
+        )
+    grant.lease_id = lease_id
+    return grant
+
+
+def _is_current_lease(lock: Lock, grant: Grant) -> bool:
+    return (
+        bool(lock.holder)
+        and lock.token == grant.token
+        and lease_matches(lock.lease_hash, grant.lease_id)
+    )
+
+
+def _check_holds(lock: Lock, grant: Grant, now: dt.datetime) -> None:
+    if not lock.holder:
+        raise LeaseLost(
+            f"lock {lock.key!r} is free: the lease of token {grant.token} was released "
+            "or revoked"
+        )
+    if lock.token != grant.token:
+        raise LeaseLost(
+            f"lock {lock.key!r} was taken over: token {lock.token} ({lock.holder}) is "
+            f"current, not {grant.token}"
+        )
+    if not lease_matches(lock.lease_hash, grant.lease_id):
+        raise LeaseLost(f"lease_id does not match the lease of {lock.key!r} token {grant.token}")
+    assert lock.expires_at is not None
+    if lock.expires_at <= now:
+        raise LeaseLost(
+            f"lease of {lock.key!r} token {grant.token} expired at "
+            f"{lock.expires_at.isoformat()} (database time)"
+        )
+
+
+def _end_current(lock: Lock, reason: GrantEnd, ended_at: dt.datetime, alias: str) -> None:
+    """Close the lock's current grant and free the row, keeping its token counter."""
+    Grant.objects.using(alias).filter(lock_id=lock.pk, token=lock.token, ended_at=None).update(
+        ended_at=ended_at, end_reason=reason
+    )
+    Lock.objects.using(alias).filter(pk=lock.pk).update(
+        holder="", lease_hash="", acquired_at=None, expires_at=None
+    )
+
+
+def _validate_ttl(ttl: object) -> float:
+    return _validate_seconds(
+        ttl,
+        "ttl",
+        lower=float(app_settings.MIN_TTL),
+        upper=float(app_settings.MAX_TTL),
+    )
+
+
+def _validate_seconds(
+    value: object, name: str, *, lower: float = 0.0, upper: float
+) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidInput(f"{name} must be a number of seconds, not {type(value).__name__}")
+    seconds = float(value)
+    if not math.isfinite(seconds):
+        raise InvalidInput(f"{name} must be a finite number of seconds")
+    if seconds < lower or seconds > upper or (name == "ttl" and seconds <= 0):
+        raise InvalidInput(f"{name} must be between {lower:g} and {upper:g} seconds, not {seconds:g}")
+    return seconds

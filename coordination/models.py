@@ -1,0 +1,312 @@
+"""What the grant point and the fences store.
+
+The database enforces what the code assumes: counters and watermarks are
+BIGINT NOT NULL DEFAULT 0 with ``>= 0`` checks, a grant's token is unique per
+lock, keys are validated. Lock and Fence rows are never deleted by the app:
+their counters and watermarks are what keeps old tokens from becoming valid
+again.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import hmac
+import re
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.db import models
+from django.db.models import Q
+from django.db.models.functions import Now
+from django.utils.translation import gettext_lazy as _
+
+from .exceptions import InvalidInput
+
+KEY_MAX_LENGTH = 200
+HOLDER_MAX_LENGTH = 200
+MAX_TOKEN = 2**63 - 1
+KEY_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]*")
+KEY_RULE = (
+    f"1 to {KEY_MAX_LENGTH} characters: letters, digits and . _ : @ -, "
+    "starting with a letter or digit"
+)
+
+
+def validate_key(key: object, *, what: str = "key") -> str:
+    """Return ``key`` if it is a valid lock key or resource name, else raise InvalidInput."""
+    if not isinstance(key, str) or not key:
+        raise InvalidInput(f"{what} must be a non-empty string ({KEY_RULE})")
+    if len(key) > KEY_MAX_LENGTH:
+        raise InvalidInput(f"{what} is {len(key)} characters long; at most {KEY_MAX_LENGTH}")
+    if not KEY_PATTERN.fullmatch(key):
+        raise InvalidInput(f"{what} {key!r} has forbidden characters ({KEY_RULE})")
+    return key
+
+
+def validate_holder(holder: object) -> str:
+    """Return ``holder`` if it is 1..200 printable characters, else raise InvalidInput."""
+    if not isinstance(holder, str) or not holder.strip():
+        raise InvalidInput("holder must be a non-empty string naming who takes the lock")
+    if len(holder) > HOLDER_MAX_LENGTH:
+        raise InvalidInput(f"holder is {len(holder)} characters long; at most 200")
+    if not holder.isprintable():
+        raise InvalidInput("holder must not contain control characters")
+    return holder
+
+
+def _key_field_validator(value: str) -> None:
+    try:
+        validate_key(value)
+    except InvalidInput as error:
+        raise ValidationError(str(error), code="invalid") from None
+
+
+def hash_lease_id(lease_id: str) -> str:
+    """The stored form of a lease secret: only its SHA-256 is kept."""
+    return hashlib.sha256(lease_id.encode()).hexdigest()
+
+
+def lease_matches(lease_hash: str, lease_id: object) -> bool:
+    """Whether ``lease_id`` is the secret behind ``lease_hash``, in constant time."""
+    if not isinstance(lease_id, str) or not lease_hash:
+        return False
+    return hmac.compare_digest(lease_hash, hash_lease_id(lease_id))
+
+
+class DatabaseNow(Now):
+    """The database server's clock when the statement runs.
+
+    PostgreSQL's ``now()`` is frozen at transaction start; ``clock_timestamp()``
+    is not, which matters after waiting for a row lock. Lease expiry is always
+    decided with this clock, never with the app server's (DESIGN rule 11).
+    """
+
+    def as_postgresql(
+        self, compiler: Any, connection: Any, **extra: Any
+    ) -> tuple[str, tuple[Any, ...]]:
+        return "clock_timestamp()", ()
+
+
+class LockState(models.TextChoices):
+    FREE = "free", _("free")
+    HELD = "held", _("held")
+    EXPIRED = "expired", _("expired, not released")
+
+
+class LockQuerySet(models.QuerySet["Lock"]):
+    """Locks filtered by state, decided with the database clock."""
+
+    def held(self) -> LockQuerySet:
+        return self.filter(holder__gt="", expires_at__gt=DatabaseNow())
+
+    def expired(self) -> LockQuerySet:
+        """Leases that ended by time but were never released or taken over."""
+        return self.filter(holder__gt="", expires_at__lte=DatabaseNow())
+
+    def free(self) -> LockQuerySet:
+        return self.filter(holder="")
+
+    def with_state(self) -> LockQuerySet:
+        return self.annotate(
+            state=models.Case(
+                models.When(holder="", then=models.Value(LockState.FREE)),
+                models.When(expires_at__gt=DatabaseNow(), then=models.Value(LockState.HELD)),
+                default=models.Value(LockState.EXPIRED),
+                output_field=models.CharField(),
+            )
+        )
+
+
+class Lock(models.Model):
+    """One lock key: its token counter and its current lease.
+
+    ``token`` is the last token issued for the key. It only grows, one per grant,
+    in the same transaction that records the grant.
+    """
+
+    key = models.CharField(max_length=KEY_MAX_LENGTH, unique=True, validators=[_key_field_validator])
+    token = models.BigIntegerField(
+        default=0, db_default=0, help_text=_("Last fencing token issued for this key.")
+    )
+    holder = models.CharField(max_length=HOLDER_MAX_LENGTH, blank=True, default="", db_default="")
+    lease_hash = models.CharField(
+        max_length=64, blank=True, default="", db_default="", editable=False
+    )
+    acquired_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+
+    objects = LockQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["key"]
+        permissions = [("revoke_lock", "Can revoke a lock from its holder")]
+        constraints = [
+            models.CheckConstraint(condition=Q(token__gte=0), name="coordination_lock_token_gte_0"),
+            models.CheckConstraint(
+                condition=Q(holder="") | Q(expires_at__isnull=False, lease_hash__gt=""),
+                name="coordination_lock_held_has_lease",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.key
+
+    def state_at(self, now: dt.datetime) -> LockState:
+        if not self.holder:
+            return LockState.FREE
+        assert self.expires_at is not None
+        return LockState.HELD if self.expires_at > now else LockState.EXPIRED
+
+
+class GrantEnd(models.TextChoices):
+    RELEASED = "released", _("released")
+    EXPIRED = "expired", _("expired")
+    REVOKED = "revoked", _("revoked")
+
+
+class GrantQuerySet(models.QuerySet["Grant"]):
+    def live(self) -> GrantQuerySet:
+        """Grants not ended and not yet past their lease, by the database clock."""
+        return self.filter(ended_at__isnull=True, expires_at__gt=DatabaseNow())
+
+    def ended(self) -> GrantQuerySet:
+        return self.filter(ended_at__isnull=False)
+
+
+class Grant(models.Model):
+    """One successful acquire: the audit history of a lock.
+
+    An instance returned by :func:`coordination.locks.acquire` also carries
+    ``lease_id``, the secret that proves it to ``renew`` and ``release``; the
+    database keeps only its hash.
+    """
+
+    lock = models.ForeignKey(Lock, on_delete=models.PROTECT, related_name="grants")
+    token = models.BigIntegerField()
+    holder = models.CharField(max_length=HOLDER_MAX_LENGTH)
+    lease_hash = models.CharField(max_length=64, editable=False)
+    acquired_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+    ended_at = models.DateTimeField(null=True, blank=True)
+    end_reason = models.CharField(
+        max_length=16, choices=GrantEnd.choices, blank=True, default="", db_default=""
+    )
+
+    objects = GrantQuerySet.as_manager()
+
+    # Not stored: set on the instance acquire() returns, and on grants a task
+    # or the REST layer rebuilds from a lease proof.
+    lease_id: str = ""
+    lost: bool = False
+
+    class Meta:
+        ordering = ["-acquired_at", "-token"]
+        constraints = [
+            models.UniqueConstraint(fields=["lock", "token"], name="coordination_grant_unique_token"),
+            models.CheckConstraint(condition=Q(token__gt=0), name="coordination_grant_token_gt_0"),
+            models.CheckConstraint(
+                condition=Q(ended_at__isnull=True, end_reason="")
+                | Q(ended_at__isnull=False, end_reason__gt=""),
+                name="coordination_grant_end_has_reason",
+            ),
+        ]
+        indexes = [models.Index(fields=["acquired_at"], name="coordination_grant_acquired")]
+
+    def __str__(self) -> str:
+        return f"{self.key}#{self.token} ({self.holder})"
+
+    @property
+    def key(self) -> str:
+        return self.lock.key
+
+    def next_step(self) -> int:
+        """Number the next fenced write made under this grant: 1, 2, 3...
+
+        Steps only need to increase within one token, so one counter serves every
+        resource the holder writes to.
+        """
+        self._steps = getattr(self, "_steps", 0) + 1
+        return self._steps
+
+    def mark_lost(self) -> None:
+        """Make later fenced writes with this grant fail with LeaseLost before applying."""
+        self.lost = True
+
+
+class Fence(models.Model):
+    """A named resource guarded by one lock key, with its watermark.
+
+    The watermark is the highest (token, step) the resource has accepted. A write
+    is accepted only if its pair is above it; see :func:`coordination.fencing.fence`.
+    """
+
+    resource = models.CharField(
+        max_length=KEY_MAX_LENGTH, unique=True, validators=[_key_field_validator]
+    )
+    lock_key = models.CharField(max_length=KEY_MAX_LENGTH, validators=[_key_field_validator])
+    token = models.BigIntegerField(default=0, db_default=0)
+    step = models.BigIntegerField(default=0, db_default=0)
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        ordering = ["resource"]
+        permissions = [("raise_fence", "Can raise a fence's watermark to its lock's last token")]
+        constraints = [
+            models.CheckConstraint(condition=Q(token__gte=0), name="coordination_fence_token_gte_0"),
+            models.CheckConstraint(condition=Q(step__gte=0), name="coordination_fence_step_gte_0"),
+        ]
+        indexes = [models.Index(fields=["lock_key"], name="coordination_fence_lock_key")]
+
+    def __str__(self) -> str:
+        return self.resource
+
+
+class RejectionReason(models.TextChoices):
+    STALE = "stale_token", _("stale token")
+    DUPLICATE = "duplicate_write", _("duplicate write")
+    WRONG_LOCK = "wrong_lock", _("wrong lock")
+    LEASE_LOST = "lease_lost", _("lease lost")
+
+
+class Rejection(models.Model):
+    """A refused write, recorded outside the refused transaction."""
+
+    resource = models.CharField(max_length=KEY_MAX_LENGTH + 100)
+    lock_key = models.CharField(max_length=KEY_MAX_LENGTH)
+    token = models.BigIntegerField()
+    step = models.BigIntegerField(default=0)
+    watermark_token = models.BigIntegerField(null=True, blank=True)
+    watermark_step = models.BigIntegerField(null=True, blank=True)
+    reason = models.CharField(max_length=32, choices=RejectionReason.choices)
+    holder = models.CharField(max_length=HOLDER_MAX_LENGTH, blank=True, default="")
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [
+            models.Index(fields=["created_at"], name="coordination_rejection_at"),
+            models.Index(fields=["resource", "created_at"], name="coordination_rejection_res"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.reason}: {self.lock_key}#{self.token} on {self.resource}"
+
+
+class IdempotencyRecord(models.Model):
+    """The stored result of an operation, returned again for a retry with the same key."""
+
+    key = models.CharField(max_length=255, unique=True)
+    result = models.JSONField(null=True, blank=True)
+    completed = models.BooleanField(default=False, db_default=False)
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["created_at"], name="coordination_idem_at")]
+
+    def __str__(self) -> str:
+        return self.key
+
+

@@ -1,0 +1,14 @@
+"""Signals sent by the grant point and the fences, after the change committed.
+
+- ``lock_acquired(sender=Grant, grant=...)``
+- ``lock_released(sender=Grant, grant=..., reason=GrantEnd)`` (released or revoked)
+- ``lock_lost(sender=Grant, grant=..., error=...)`` (renew found the lease gone)
+- ``write_rejected(sender=Rejection, rejection=...)``
+"""
+
+from django.dispatch import Signal
+
+lock_acquired = Signal()
+lock_released = Signal()
+lock_lost = Signal()
+write_rejected = Signal()

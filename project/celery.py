@@ -1,0 +1,11 @@
+"""The site's Celery app; tasks are discovered in installed apps."""
+
+import os
+
+from celery import Celery
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
+
+app = Celery("project")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.autodiscover_tasks()

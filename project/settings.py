@@ -1,0 +1,158 @@
+"""Settings for the runnable site, read from the environment.
+
+- ``DATABASE_URL``: PostgreSQL in production (``postgres://user:pass@host/db``).
+  Default: a SQLite file under ``var/`` with IMMEDIATE transactions, so token
+  issuance is serialised there too.
+- ``CELERY_BROKER_URL``: default is Celery's filesystem transport under ``var/``.
+- ``DJANGO_SECRET_KEY``, ``DJANGO_DEBUG``, ``DJANGO_ALLOWED_HOSTS``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import dj_database_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(os.environ.get("COORDINATION_VAR_DIR", BASE_DIR / "var"))
+VAR_DIR.mkdir(parents=True, exist_ok=True)
+
+DEBUG = os.environ.get("DJANGO_DEBUG", "1").lower() in {"1", "true", "yes", "on"}
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "")
+if not SECRET_KEY:
+    if not DEBUG:
+        raise RuntimeError("DJANGO_SECRET_KEY must be set when DJANGO_DEBUG is off")
+    SECRET_KEY = "insecure-development-key-do-not-use-in-production"
+ALLOWED_HOSTS = [
+    host.strip()
+    for host in os.environ.get("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost").split(",")
+    if host.strip()
+]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "drf_spectacular",
+    "coordination",
+    "project.demo",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "project.urls"
+WSGI_APPLICATION = "project.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+
+def _database_from_environment() -> dict[str, Any]:
+    url = os.environ.get("DATABASE_URL", "").strip()
+    if url:
+        config: dict[str, Any] = dict(dj_database_url.parse(url, conn_max_age=0))
+    else:
+        config = {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": str(VAR_DIR / "coordination.sqlite3"),
+        }
+    if config["ENGINE"] == "django.db.backends.sqlite3":
+        # IMMEDIATE takes SQLite's write lock at BEGIN, so two grant-point
+        # transactions can never both read the same counter: the SQLite twin of
+        # PostgreSQL's row lock. WAL keeps readers (admin, API) unblocked.
+        config.setdefault("OPTIONS", {}).update(
+            {
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 30,
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            }
+        )
+        # Tests use a file too: Django's in-memory test database runs in shared
+        # cache mode, whose table locks ignore the busy timeout.
+        config.setdefault("TEST", {}).setdefault("NAME", str(VAR_DIR / "test.sqlite3"))
+    return config
+
+
+DATABASES = {"default": _database_from_environment()}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "loggers": {
+        "coordination": {
+            "handlers": ["console"],
+            "level": os.environ.get("COORDINATION_LOG_LEVEL", "INFO"),
+        },
+    },
+}
+
+# --- Celery ---------------------------------------------------------------
+_BROKER_DIR = VAR_DIR / "broker"
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "filesystem://")
+if CELERY_BROKER_URL.startswith("filesystem://"):
+    for _sub in ("out", "processed"):
+        (_BROKER_DIR / _sub).mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, Any] = {
+        "data_folder_in": str(_BROKER_DIR / "out"),
+        "data_folder_out": str(_BROKER_DIR / "out"),
+        "processed_folder": str(_BROKER_DIR / "processed"),
+        "store_processed": False,
+    }
+CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND") or None
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+
+# --- REST framework ---------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "coordination",
+    "DESCRIPTION": "Lease locks with fencing tokens, fences and a fenced document store.",
+    "VERSION": "0.1.0",
+}
+
+# --- coordination -----------------------------------------------------------
+COORDINATION: dict[str, Any] = {}

@@ -1,0 +1,8 @@
+"""Site URLs: the admin and the app."""
+
+from django.contrib import admin
+from django.urls import path
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+]
