@@ -141,7 +141,10 @@ class Lock(models.Model):
 
     class Meta:
         ordering = ["key"]
-        permissions = [("revoke_lock", "Can revoke a lock from its holder")]
+        permissions = [
+            ("acquire_lock", "Can acquire, renew and release locks"),
+            ("revoke_lock", "Can revoke a lock from its holder"),
+        ]
         constraints = [
             models.CheckConstraint(condition=Q(token__gte=0), name="coordination_lock_token_gte_0"),
             models.CheckConstraint(
@@ -310,3 +313,23 @@ class IdempotencyRecord(models.Model):
         return self.key
 
 
+
+
+class Document(models.Model):
+    """A JSON document in the fenced document store (the REST fencing proxy).
+
+    Its watermark is the :class:`Fence` named ``document:<name>``, advanced in the
+    same transaction as the write, for downstreams that cannot check tokens.
+    """
+
+    name = models.CharField(max_length=KEY_MAX_LENGTH, unique=True, validators=[_key_field_validator])
+    fence = models.OneToOneField(Fence, on_delete=models.PROTECT, related_name="document")
+    data = models.JSONField(null=True, blank=True)
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        ordering = ["name"]
+        permissions = [("write_document", "Can write documents through the fenced store")]
+
+    def __str__(self) -> str:
+        return self.name

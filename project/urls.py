@@ -1,4 +1,4 @@
-"""Site URLs: the admin and the app."""
+"""Site URLs: the admin and the app's API."""
 
 from django.contrib import admin
 from django.urls import path
