@@ -120,6 +120,10 @@ class FencedQuerySet(models.QuerySet[_Model]):
         for _attempt in range(3):
             written = guarded.filter(admits).update(fence=token, fence_step=write_step, **values)
             if written:
+                if signals.write_accepted.has_listeners(Fence):
+                    signals.write_accepted.send(
+                        sender=Fence, resource=label, grant=grant, step=write_step
+                    )
                 return written
             rows = list(guarded.values_list("pk", "fence", "fence_step")[:1])
             if not rows:
@@ -286,6 +290,9 @@ def _fenced_block(
             )
             for row in rows:
                 row.token, row.step = grant.token, write_step
+                signals.write_accepted.send(
+                    sender=Fence, resource=row.resource, grant=grant, step=write_step
+                )
             yield rows[0] if single else rows
             return
     # Refused: the transaction above changed nothing but new, empty fence rows.
