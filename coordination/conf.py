@@ -10,6 +10,8 @@ Defaults (override any key in your settings)::
         "MAX_WAIT": 3600.0,         # seconds acquire(wait=...) may block
         "POLL_INTERVAL": 0.05,      # first back-off step while waiting, seconds
         "MAX_POLL_INTERVAL": 1.0,   # back-off ceiling while waiting, seconds
+        "RECORD_WRITES": False,     # keep an AcceptedWrite row per accepted fenced
+                                    # write (the admin timeline shows them)
     }
 """
 
@@ -29,6 +31,7 @@ DEFAULTS: dict[str, Any] = {
     "MAX_WAIT": 3600.0,
     "POLL_INTERVAL": 0.05,
     "MAX_POLL_INTERVAL": 1.0,
+    "RECORD_WRITES": False,
 }
 
 
