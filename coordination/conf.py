@@ -12,6 +12,10 @@ Defaults (override any key in your settings)::
         "MAX_POLL_INTERVAL": 1.0,   # back-off ceiling while waiting, seconds
         "RECORD_WRITES": False,     # keep an AcceptedWrite row per accepted fenced
                                     # write (the admin timeline shows them)
+        "API_MAX_WAIT": 30.0,       # seconds a REST acquire may block a web worker
+        "API_THROTTLE_RATE": "1200/minute",  # REST requests per user; None: no limit
+        "API_MAX_BODY_BYTES": 1048576,  # larger REST request bodies get 413
+        "API_PAGE_SIZE": 100,       # items per page of REST lists (?page_size= up to 1000)
     }
 """
 
@@ -32,6 +36,10 @@ DEFAULTS: dict[str, Any] = {
     "POLL_INTERVAL": 0.05,
     "MAX_POLL_INTERVAL": 1.0,
     "RECORD_WRITES": False,
+    "API_MAX_WAIT": 30.0,
+    "API_THROTTLE_RATE": "1200/minute",
+    "API_MAX_BODY_BYTES": 1048576,
+    "API_PAGE_SIZE": 100,
 }
 
 
