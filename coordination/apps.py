@@ -7,4 +7,13 @@ class CoordinationConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks  # noqa: F401  (registers the system checks)
+        from . import (
+            checks,  # noqa: F401  (registers the system checks)
+            history,
+            signals,
+        )
+        from .models import Fence
+
+        signals.write_accepted.connect(
+            history.record_accepted_write, sender=Fence, dispatch_uid="coordination.history"
+        )

@@ -297,6 +297,31 @@ class Rejection(models.Model):
         return f"{self.reason}: {self.lock_key}#{self.token} on {self.resource}"
 
 
+class AcceptedWrite(models.Model):
+    """An accepted fenced write, kept when ``COORDINATION["RECORD_WRITES"]`` is on.
+
+    Written in the writer's transaction by a ``write_accepted`` receiver, so it
+    exists exactly when the write committed. The admin timeline marks these.
+    """
+
+    resource = models.CharField(max_length=KEY_MAX_LENGTH + 100)
+    lock_key = models.CharField(max_length=KEY_MAX_LENGTH)
+    token = models.BigIntegerField()
+    step = models.BigIntegerField(default=0)
+    holder = models.CharField(max_length=HOLDER_MAX_LENGTH, blank=True, default="")
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [
+            models.Index(fields=["created_at"], name="coordination_accepted_at"),
+            models.Index(fields=["lock_key", "created_at"], name="coordination_accepted_key"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.lock_key}#{self.token} step {self.step} on {self.resource}"
+
+
 class IdempotencyRecord(models.Model):
     """The stored result of an operation, returned again for a retry with the same key."""
 

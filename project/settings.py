@@ -157,4 +157,7 @@ SPECTACULAR_SETTINGS = {
 }
 
 # --- coordination -----------------------------------------------------------
-COORDINATION: dict[str, Any] = {}
+COORDINATION: dict[str, Any] = {
+    # Keep a row per accepted fenced write, so the admin timeline can mark them.
+    "RECORD_WRITES": True,
+}
