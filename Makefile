@@ -1,0 +1,17 @@
+# Thin wrappers around the scripts in bin/ and .ci/.
+.PHONY: run check test lint ci
+
+run: ## serve the site on http://127.0.0.1:8000 (SQLite, Celery worker)
+	bin/run
+
+check: ## smoke test the main job: migrate, admin login, GET /admin/login/
+	bin/run --check
+
+test: ## the whole suite: ruff, mypy, pytest on PostgreSQL, SQLite and the LTS leg
+	bin/test
+
+lint: ## ruff and mypy only
+	COORDINATION_TEST_LEGS= bin/test
+
+ci: ## what CI runs (installs missing Debian packages; needs root)
+	.ci/run

@@ -1,0 +1,201 @@
+# shellcheck shell=bash
+# Shared helpers for bin/test, bin/run and .ci/run. Source it, don't run it.
+#
+#   ensure_venv DIR PYTHON REQFILE   create DIR with PYTHON ("3.11", or "3.12+" for
+#                                    3.12 or newer) and pip-install REQFILE; skipped
+#                                    when the stamp in DIR matches the requirements.
+#   find_python PYTHON               print the path of a working interpreter.
+#   on_exit COMMAND...               run COMMAND when the script exits (LIFO).
+#   die / info / banner              messages on stderr.
+#
+# The project itself is never pip-installed: it is used from the checkout.
+
+if [[ -n "${_COORDINATION_BOOTSTRAP_LOADED:-}" ]]; then
+    return 0
+fi
+_COORDINATION_BOOTSTRAP_LOADED=1
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
+export REPO_ROOT
+
+info() { printf '%s\n' "$*" >&2; }
+die() {
+    printf 'error: %s\n' "$*" >&2
+    exit 1
+}
+banner() {
+    printf '\n==== %s ====\n' "$*" >&2
+}
+
+# --- exit hooks -------------------------------------------------------------
+# One EXIT trap runs every registered hook, newest first. INT/TERM/HUP turn into
+# a normal exit so the hooks run on Ctrl-C and kill too.
+_EXIT_HOOKS=()
+
+on_exit() {
+    local cmd
+    printf -v cmd '%q ' "$@"
+    _EXIT_HOOKS+=("$cmd")
+    if [[ -z "${_EXIT_TRAP_SET:-}" ]]; then
+        _EXIT_TRAP_SET=1
+        trap _run_exit_hooks EXIT
+        trap 'exit 130' INT
+        trap 'exit 143' TERM
+        trap 'exit 129' HUP
+    fi
+}
+
+_run_exit_hooks() {
+    local rc=$? i
+    trap - EXIT
+    trap '' INT TERM HUP # cleanup must not be cut short by a second Ctrl-C
+    set +e
+    for ((i = ${#_EXIT_HOOKS[@]} - 1; i >= 0; i--)); do
+        eval "${_EXIT_HOOKS[i]}"
+    done
+    _EXIT_HOOKS=()
+    exit "$rc"
+}
+
+# --- interpreters -----------------------------------------------------------
+# _python_ok CANDIDATE MIN_MINOR EXACT: prints the real executable if CANDIDATE
+# runs and is 3.MIN_MINOR (or newer unless EXACT).
+_python_ok() {
+    local cand=$1 minor=$2 exact=$3
+    "$cand" -c "
+import sys
+v = sys.version_info
+ok = v[0] == 3 and (v[1] == $minor if $exact else v[1] >= $minor)
+if not ok:
+    sys.exit(1)
+print(sys.executable)
+" 2>/dev/null
+}
+
+# find_python 3.11 | 3.12+ : a working interpreter of that minor version. The
+# pyenv shims on PATH fail unless PYENV_VERSION is set, so every candidate is run.
+# Override with COORDINATION_PYTHON_3_12=/path/to/python (dots become _).
+find_python() {
+    local spec=$1 base minor newer=0 m cand found
+    base=${spec%+}
+    [[ $spec == *+ ]] && newer=1
+    [[ $base =~ ^3\.([0-9]+)$ ]] || die "find_python: bad version '$spec'"
+    minor=${BASH_REMATCH[1]}
+
+    local override_var="COORDINATION_PYTHON_${base//./_}"
+    if [[ -n "${!override_var:-}" ]]; then
+        if found=$(_python_ok "${!override_var}" "$minor" 0); then
+            printf '%s\n' "$found"
+            return 0
+        fi
+        die "$override_var=${!override_var} is not a working Python $base"
+    fi
+
+    local minors=("$minor")
+    if ((newer)); then
+        for m in 1 2 3 4 5; do minors+=("$((minor + m))"); done
+    fi
+    for m in "${minors[@]}"; do
+        local candidates=("python3.$m" "/usr/local/bin/python3.$m" "/usr/bin/python3.$m")
+        # pyenv installs, newest patch release first
+        local pyenv_root="${PYENV_ROOT:-$HOME/.pyenv}"
+        local d
+        while IFS= read -r d; do
+            [[ -n $d ]] && candidates+=("$d/bin/python3")
+        done < <(ls -d "$pyenv_root"/versions/3."$m".* 2>/dev/null | sort -t. -k3,3nr)
+        for cand in "${candidates[@]}"; do
+            if found=$(_python_ok "$cand" "$m" 1); then
+                printf '%s\n' "$found"
+                return 0
+            fi
+        done
+    done
+    return 1
+}
+
+# --- requirements -----------------------------------------------------------
+# _req_closure FILE: FILE and every file it pulls in with -r/-c, recursively.
+_req_closure() {
+    local file=$1 dir line inc
+    [[ -f $file ]] || die "requirements file not found: $file"
+    printf '%s\n' "$file"
+    dir=$(dirname "$file")
+    while IFS= read -r line || [[ -n $line ]]; do
+        if [[ $line =~ ^[[:space:]]*(-r|--requirement|-c|--constraint)[[:space:]=]+([^[:space:]#]+) ]]; then
+            inc=${BASH_REMATCH[2]}
+            [[ $inc == /* ]] || inc="$dir/$inc"
+            _req_closure "$inc"
+        fi
+    done <"$file"
+}
+
+# _req_digest PYTHON REQFILE: sha256 over the interpreter version and the
+# names and contents of the requirement files.
+_req_digest() {
+    local python=$1 req=$2 f
+    {
+        "$python" -c 'import sys; print(sys.version)'
+        while IFS= read -r f; do
+            printf '== %s\n' "$f"
+            cat "$f"
+        done < <(_req_closure "$req" | sort -u)
+    } | sha256sum | cut -d' ' -f1
+}
+
+# ensure_venv DIR PYTHON REQFILE
+ensure_venv() {
+    local dir=$1 spec=$2 req=$3
+    local abs_dir stamp python venv_py digest lockfd
+    [[ $dir == /* ]] && abs_dir=$dir || abs_dir="$REPO_ROOT/$dir"
+    [[ $req == /* ]] || req="$REPO_ROOT/$req"
+    stamp="$abs_dir/.requirements.sha256"
+    venv_py="$abs_dir/bin/python"
+
+    # Two scripts of the same checkout must not pip-install into one venv at once.
+    [[ -f $req ]] || die "requirements file not found: $req"
+    mkdir -p "$REPO_ROOT/var"
+    exec {lockfd}>>"$REPO_ROOT/var/.lock-venv-$(basename "$abs_dir")"
+    if ! flock -n "$lockfd"; then
+        info "waiting for another script that is installing into $dir ..."
+        flock "$lockfd"
+    fi
+
+    local base=${spec%+} minor newer=0
+    [[ $spec == *+ ]] && newer=1
+    minor=${base#3.}
+
+    # An existing venv is kept if its interpreter still runs and has the right version.
+    if [[ -e $abs_dir ]]; then
+        if ! _python_ok "$venv_py" "$minor" "$((1 - newer))" >/dev/null; then
+            if [[ -f $abs_dir/pyvenv.cfg ]]; then
+                info "$dir: interpreter missing or not Python $spec; recreating it"
+                rm -rf -- "$abs_dir"
+            else
+                die "$dir exists but is not a virtualenv; move it away"
+            fi
+        fi
+    fi
+
+    if [[ ! -e $abs_dir ]]; then
+        python=$(find_python "$spec") || die "Python $spec not found (tried python${base}, pyenv versions under ${PYENV_ROOT:-$HOME/.pyenv}/versions; set COORDINATION_PYTHON_${base//./_}=/path/to/python)"
+        info "$dir: creating virtualenv with $python"
+        "$python" -m venv "$abs_dir" || die "could not create $dir with $python"
+    fi
+
+    digest=$(_req_digest "$venv_py" "$req")
+    if [[ -f $stamp && "$(cat "$stamp")" == "$digest" ]]; then
+        flock -u "$lockfd"
+        exec {lockfd}>&-
+        return 0
+    fi
+
+    info "$dir: installing ${req#"$REPO_ROOT"/}"
+    rm -f "$stamp"
+    if ! "$venv_py" -m pip install --disable-pip-version-check --no-input --progress-bar off \
+        -q -r "$req"; then
+        die "$dir: pip install -r ${req#"$REPO_ROOT"/} failed"
+    fi
+    printf '%s\n' "$digest" >"$stamp"
+    flock -u "$lockfd"
+    exec {lockfd}>&-
+}

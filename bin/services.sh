@@ -1,0 +1,369 @@
+# shellcheck shell=bash
+# Private, throwaway PostgreSQL and Redis for the test suite. Source it.
+#
+#   start_postgres   exports COORDINATION_TEST_DATABASE_URL
+#                    (postgres://coordination@127.0.0.1:54329/coordination)
+#   start_redis      exports COORDINATION_TEST_REDIS_URL (redis://127.0.0.1:63799/0)
+#
+# Each does nothing if its variable is already set (bring your own server).
+# Otherwise a server already answering on the port is reused when it is one of
+# ours; else one is started from var/ (PostgreSQL runs as the `postgres` user
+# when we are root, since it refuses to run as root).
+#
+# Servers are shared by every script of every checkout on this machine that
+# uses the same port: each user registers itself, and when a script exits the
+# last user out stops the server (if these scripts created it). So a second
+# bin/test running at the same time, or a server left over by a killed run, is
+# reused rather than fought over. COORDINATION_KEEP_SERVICES=1 leaves the
+# servers running after exit (faster re-runs).
+#
+# Ports: COORDINATION_PG_PORT (54329), COORDINATION_REDIS_PORT (63799).
+
+# shellcheck source=bin/_bootstrap.sh
+source "$(dirname "${BASH_SOURCE[0]}")/_bootstrap.sh"
+
+COORDINATION_PG_PORT=${COORDINATION_PG_PORT:-54329}
+COORDINATION_REDIS_PORT=${COORDINATION_REDIS_PORT:-63799}
+# Lock and user registry shared by all checkouts and users of this machine.
+_SVC_SHARED_DIR=${COORDINATION_SERVICES_LOCK_DIR:-/tmp/coordination-services}
+_SVC_MARKER=coordination-test-cluster
+
+# --- shared state: a mutex per service and a registry of its users ----------
+
+_svc_prepare_shared_dir() {
+    if [[ ! -d $_SVC_SHARED_DIR ]]; then
+        mkdir -p "$_SVC_SHARED_DIR" 2>/dev/null || true
+        chmod 1777 "$_SVC_SHARED_DIR" 2>/dev/null || true
+    fi
+    [[ -d $_SVC_SHARED_DIR && -w $_SVC_SHARED_DIR ]] ||
+        die "cannot write $_SVC_SHARED_DIR (set COORDINATION_SERVICES_LOCK_DIR)"
+}
+
+# _svc_mutex_acquire NAME: exclusive lock for start/stop decisions about NAME;
+# sets _SVC_MUTEX_FD. Every server started while holding it must get
+# "{_SVC_MUTEX_FD}>&-" so it does not inherit the lock.
+_svc_mutex_acquire() {
+    local file="$_SVC_SHARED_DIR/$1.lock"
+    _svc_prepare_shared_dir
+    if [[ ! -e $file ]]; then
+        (umask 000 && : >>"$file") 2>/dev/null || true
+    fi
+    exec {_SVC_MUTEX_FD}<"$file" || die "cannot open lock $file"
+    if ! flock -n "$_SVC_MUTEX_FD"; then
+        info "waiting for another script starting or stopping $1 ..."
+        flock "$_SVC_MUTEX_FD"
+    fi
+}
+
+_svc_mutex_release() {
+    flock -u "$_SVC_MUTEX_FD" 2>/dev/null || true
+    exec {_SVC_MUTEX_FD}<&-
+}
+
+_svc_proc_start_time() { # field 22 of /proc/PID/stat, robust to odd process names
+    local stat
+    stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+    stat=${stat##*) }
+    # shellcheck disable=SC2086
+    set -- $stat
+    printf '%s\n' "${20}"
+}
+
+_svc_users_dir() { printf '%s/%s.users\n' "$_SVC_SHARED_DIR" "$1"; }
+
+_svc_register_user() { # _svc_register_user NAME: this script ($$) uses NAME
+    local dir
+    dir=$(_svc_users_dir "$1")
+    if [[ ! -d $dir ]]; then
+        mkdir -p "$dir" && chmod 1777 "$dir" 2>/dev/null || true
+    fi
+    : >"$dir/$$-$(_svc_proc_start_time $$)"
+}
+
+# _svc_unregister_user NAME: drop our entry and dead ones; prints live users left.
+_svc_unregister_user() {
+    local dir entry pid start
+    dir=$(_svc_users_dir "$1")
+    rm -f "$dir/$$-"* 2>/dev/null
+    for entry in "$dir"/*; do
+        [[ -e $entry ]] || continue
+        entry=${entry##*/}
+        pid=${entry%%-*}
+        start=${entry#*-}
+        if [[ "$(_svc_proc_start_time "$pid" 2>/dev/null)" == "$start" ]]; then
+            printf '%s\n' "$pid"
+        else
+            rm -f "$dir/$entry" 2>/dev/null || true
+        fi
+    done
+}
+
+# --- PostgreSQL -------------------------------------------------------------
+
+_pg_find_bin() {
+    local d
+    for d in "${COORDINATION_PG_BIN:-}" /usr/lib/postgresql/15/bin; do
+        if [[ -n $d && -x $d/initdb && -x $d/pg_ctl ]]; then
+            printf '%s\n' "$d"
+            return 0
+        fi
+    done
+    if command -v pg_config >/dev/null 2>&1; then
+        d=$(pg_config --bindir 2>/dev/null)
+        if [[ -x $d/initdb && -x $d/pg_ctl ]]; then
+            printf '%s\n' "$d"
+            return 0
+        fi
+    fi
+    if command -v initdb >/dev/null 2>&1; then
+        d=$(dirname "$(readlink -f "$(command -v initdb)")")
+        if [[ -x $d/pg_ctl ]]; then
+            printf '%s\n' "$d"
+            return 0
+        fi
+    fi
+    return 1
+}
+
+# _pg_as_owner CMD...: run CMD as the cluster owner (postgres when we are root).
+_pg_as_owner() {
+    if [[ $EUID -eq 0 && ${_PG_OWNER:-postgres} != root ]]; then
+        (cd / && runuser -u "${_PG_OWNER:-postgres}" -- "$@")
+    else
+        "$@"
+    fi
+}
+
+_pg_psql() { # _pg_psql DB SQL
+    PGCONNECT_TIMEOUT=5 "$_PG_BIN/psql" -X -q -At -v ON_ERROR_STOP=1 \
+        "postgres://coordination@127.0.0.1:$COORDINATION_PG_PORT/$1" -c "$2"
+}
+
+# _pg_isready: 0 accepting, 1 starting/stopping, 2 nothing there.
+_pg_isready() {
+    "$_PG_BIN/pg_isready" -q -h 127.0.0.1 -p "$COORDINATION_PG_PORT" -t 3
+}
+
+# _pg_choose_root: sets _PG_ROOT (holds data/, the socket and the log), _PG_OWNER.
+_pg_choose_root() {
+    _PG_ROOT="$REPO_ROOT/var/pg"
+    _PG_OWNER=$(id -un)
+    if [[ $EUID -ne 0 ]]; then
+        mkdir -p "$_PG_ROOT"
+        return 0
+    fi
+    id -u postgres >/dev/null 2>&1 ||
+        die "running as root, but there is no 'postgres' user to run PostgreSQL as (apt-get install postgresql-15 creates it)"
+    _PG_OWNER=postgres
+    mkdir -p "$_PG_ROOT"
+    chown postgres:postgres "$_PG_ROOT" 2>/dev/null || true
+    # Unix sockets are limited to ~107 bytes; the checkout may be deep.
+    local sock="$_PG_ROOT/.s.PGSQL.$COORDINATION_PG_PORT"
+    if (cd / && runuser -u postgres -- test -w "$_PG_ROOT" -a -x "$_PG_ROOT") 2>/dev/null &&
+        ((${#sock} < 100)); then
+        return 0
+    fi
+    # The postgres user cannot reach the checkout (e.g. under /root): use a
+    # throwaway directory instead, removed when the cluster is stopped.
+    _PG_ROOT=$(mktemp -d "${TMPDIR:-/tmp}/coordination-pg.XXXXXX")
+    chmod 755 "$_PG_ROOT"
+    chown postgres:postgres "$_PG_ROOT"
+    info "PostgreSQL: postgres cannot use $REPO_ROOT/var/pg; using $_PG_ROOT"
+}
+
+_pg_start_new() {
+    _pg_choose_root
+    local data="$_PG_ROOT/data" log="$_PG_ROOT/postgres.log"
+    if [[ ! -f $data/PG_VERSION ]]; then
+        info "PostgreSQL: initdb $data"
+        _pg_as_owner "$_PG_BIN/initdb" -D "$data" -U coordination -A trust -E UTF8 --no-locale \
+            >"$_PG_ROOT/initdb.log" 2>&1 ||
+            { cat "$_PG_ROOT/initdb.log" >&2; die "initdb failed (log: $_PG_ROOT/initdb.log)"; }
+        printf "\ninclude_if_exists = 'coordination.conf'\n" >>"$data/postgresql.conf"
+        if [[ $_PG_ROOT == "$REPO_ROOT/var/pg" ]]; then
+            echo persistent >"$data/$_SVC_MARKER"
+        else
+            echo ephemeral >"$data/$_SVC_MARKER"
+        fi
+    fi
+    local sockdir="$_PG_ROOT"
+    ((${#sockdir} + 20 < 100)) || sockdir=""
+    cat >"$data/coordination.conf" <<EOF
+# Written by bin/services.sh on every start.
+port = $COORDINATION_PG_PORT
+listen_addresses = '127.0.0.1'
+unix_socket_directories = '$sockdir'
+max_connections = 200
+fsync = on
+EOF
+    [[ $EUID -eq 0 ]] && chown -R "$_PG_OWNER": "$_PG_ROOT"
+
+    info "PostgreSQL: starting on 127.0.0.1:$COORDINATION_PG_PORT (data $data, log $log)"
+    if ! _pg_as_owner "$_PG_BIN/pg_ctl" -D "$data" -l "$log" -w -t 60 -s start \
+        {_SVC_MUTEX_FD}<&- </dev/null >/dev/null; then
+        tail -n 30 "$log" >&2 2>/dev/null
+        die "PostgreSQL failed to start (log: $log)"
+    fi
+    _PG_DATA=$data
+    _PG_STARTED=1
+
+    local i
+    for ((i = 0; i < 60; i++)); do
+        _pg_isready && break
+        sleep 0.5
+    done
+    _pg_isready || die "PostgreSQL started but does not answer on port $COORDINATION_PG_PORT (log: $log)"
+    if [[ -z "$(_pg_psql postgres "select 1 from pg_database where datname = 'coordination'")" ]]; then
+        _pg_psql postgres "create database coordination" || die "could not create database coordination"
+    fi
+}
+
+start_postgres() {
+    if [[ -n "${COORDINATION_TEST_DATABASE_URL:-}" ]]; then
+        info "PostgreSQL: using COORDINATION_TEST_DATABASE_URL from the environment"
+        return 0
+    fi
+    _PG_BIN=$(_pg_find_bin) ||
+        die "PostgreSQL server binaries (initdb, pg_ctl) not found in /usr/lib/postgresql/15/bin or PATH.
+       Install them:  apt-get install postgresql-15
+       or point COORDINATION_TEST_DATABASE_URL at a PostgreSQL you already run."
+    local b
+    for b in psql pg_isready; do
+        [[ -x $_PG_BIN/$b ]] || die "$_PG_BIN/$b missing: apt-get install postgresql-client-15"
+    done
+    command -v flock >/dev/null || die "flock missing: apt-get install util-linux"
+
+    local name="pg-$COORDINATION_PG_PORT" status=0 i
+    _svc_mutex_acquire "$name"
+    _PG_STARTED=0
+    _PG_DATA=""
+    for ((i = 0; i < 30; i++)); do
+        status=0
+        _pg_isready || status=$?
+        ((status == 1)) || break # 1: starting up or shutting down
+        sleep 1
+    done
+    if ((status == 0)); then
+        _PG_DATA=$(_pg_psql postgres "show data_directory" 2>/dev/null) ||
+            die "something answers on 127.0.0.1:$COORDINATION_PG_PORT but is not our test PostgreSQL
+       (no trusted superuser 'coordination'). Stop it, or set COORDINATION_PG_PORT,
+       or set COORDINATION_TEST_DATABASE_URL."
+        info "PostgreSQL: reusing the server already running on port $COORDINATION_PG_PORT ($_PG_DATA)"
+        if [[ -z "$(_pg_psql postgres "select 1 from pg_database where datname = 'coordination'")" ]]; then
+            _pg_psql postgres "create database coordination" || die "could not create database coordination"
+        fi
+    else
+        _pg_start_new
+    fi
+    _svc_register_user "$name"
+    _svc_mutex_release
+    on_exit _stop_postgres
+
+    export COORDINATION_TEST_DATABASE_URL="postgres://coordination@127.0.0.1:$COORDINATION_PG_PORT/coordination"
+}
+
+_stop_postgres() {
+    local name="pg-$COORDINATION_PG_PORT" others kind="" owner root
+    _svc_mutex_acquire "$name"
+    others=$(_svc_unregister_user "$name")
+    if [[ -n $others ]]; then
+        info "PostgreSQL: left running for other users (pid ${others//$'\n'/ })"
+    elif [[ "${COORDINATION_KEEP_SERVICES:-0}" == 1 ]]; then
+        info "PostgreSQL: left running on port $COORDINATION_PG_PORT (COORDINATION_KEEP_SERVICES=1)"
+    elif [[ -n $_PG_DATA ]]; then
+        kind=$(cat "$_PG_DATA/$_SVC_MARKER" 2>/dev/null || true)
+        if [[ $_PG_STARTED == 1 || -n $kind ]]; then
+            owner=$(stat -c %U "$_PG_DATA" 2>/dev/null || echo "")
+            if [[ -n $owner && ($EUID -eq 0 || $owner == "$(id -un)") ]]; then
+                _PG_OWNER=$owner
+                info "PostgreSQL: stopping"
+                _pg_as_owner "$_PG_BIN/pg_ctl" -D "$_PG_DATA" -m fast -w -t 60 -s stop \
+                    {_SVC_MUTEX_FD}<&- >/dev/null ||
+                    info "PostgreSQL: pg_ctl stop failed (data $_PG_DATA)"
+                root=$(dirname "$_PG_DATA")
+                if [[ $kind == ephemeral && $root == "${TMPDIR:-/tmp}"/coordination-pg.* ]]; then
+                    rm -rf -- "$root"
+                fi
+            fi
+        fi
+    fi
+    _svc_mutex_release
+}
+
+# --- Redis ------------------------------------------------------------------
+
+_redis_ping() {
+    [[ "$(redis-cli -h 127.0.0.1 -p "$COORDINATION_REDIS_PORT" ping 2>/dev/null)" == PONG ]]
+}
+
+start_redis() {
+    if [[ -n "${COORDINATION_TEST_REDIS_URL:-}" ]]; then
+        info "Redis: using COORDINATION_TEST_REDIS_URL from the environment"
+        return 0
+    fi
+    local missing=""
+    command -v redis-server >/dev/null 2>&1 || missing+=" redis-server"
+    command -v redis-cli >/dev/null 2>&1 || missing+=" redis-cli"
+    [[ -z $missing ]] ||
+        die "${missing# } not found. Install:  apt-get install redis-server  (redis-cli comes with redis-tools)
+       or point COORDINATION_TEST_REDIS_URL at a Redis you already run."
+    command -v flock >/dev/null || die "flock missing: apt-get install util-linux"
+
+    local name="redis-$COORDINATION_REDIS_PORT" dir="$REPO_ROOT/var/redis" i logfile
+    _svc_mutex_acquire "$name"
+    _REDIS_STARTED=0
+    _REDIS_OURS=0
+    if _redis_ping; then
+        logfile=$(redis-cli -h 127.0.0.1 -p "$COORDINATION_REDIS_PORT" config get logfile 2>/dev/null | tail -n 1)
+        [[ $logfile == */coordination-test-redis.log ]] && _REDIS_OURS=1
+        info "Redis: reusing the server already running on port $COORDINATION_REDIS_PORT"
+    else
+        mkdir -p "$dir"
+        logfile="$dir/coordination-test-redis.log"
+        info "Redis: starting on 127.0.0.1:$COORDINATION_REDIS_PORT (log $logfile)"
+        # shellcheck disable=SC2094 # stdout catches errors from before the log file is open
+        setsid redis-server --port "$COORDINATION_REDIS_PORT" --bind 127.0.0.1 \
+            --save '' --appendonly no --daemonize no \
+            --dir "$dir" --pidfile "$dir/redis.pid" --logfile "$logfile" \
+            {_SVC_MUTEX_FD}<&- </dev/null >>"$logfile" 2>&1 &
+        _REDIS_PID=$!
+        _REDIS_STARTED=1
+        _REDIS_OURS=1
+        for ((i = 0; i < 100; i++)); do
+            _redis_ping && break
+            sleep 0.1
+        done
+        if ! _redis_ping; then
+            tail -n 20 "$logfile" >&2 2>/dev/null
+            die "Redis failed to start on port $COORDINATION_REDIS_PORT (log: $logfile)"
+        fi
+    fi
+    _svc_register_user "$name"
+    _svc_mutex_release
+    on_exit _stop_redis
+
+    export COORDINATION_TEST_REDIS_URL="redis://127.0.0.1:$COORDINATION_REDIS_PORT/0"
+}
+
+_stop_redis() {
+    local name="redis-$COORDINATION_REDIS_PORT" others i
+    _svc_mutex_acquire "$name"
+    others=$(_svc_unregister_user "$name")
+    if [[ -n $others ]]; then
+        info "Redis: left running for other users (pid ${others//$'\n'/ })"
+    elif [[ "${COORDINATION_KEEP_SERVICES:-0}" == 1 ]]; then
+        info "Redis: left running on port $COORDINATION_REDIS_PORT (COORDINATION_KEEP_SERVICES=1)"
+    elif [[ $_REDIS_OURS == 1 ]]; then
+        info "Redis: stopping"
+        redis-cli -h 127.0.0.1 -p "$COORDINATION_REDIS_PORT" shutdown nosave >/dev/null 2>&1 || true
+        for ((i = 0; i < 50; i++)); do
+            _redis_ping || break
+            sleep 0.1
+        done
+        if [[ $_REDIS_STARTED == 1 ]]; then
+            kill "$_REDIS_PID" 2>/dev/null || true
+            wait "$_REDIS_PID" 2>/dev/null || true
+        fi
+    fi
+    _svc_mutex_release
+}
