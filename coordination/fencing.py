@@ -30,7 +30,7 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from functools import cache
-from typing import Any, ClassVar, NoReturn, TypeVar, cast, overload
+from typing import Any, ClassVar, NamedTuple, NoReturn, TypeVar, cast, overload
 
 from django.core.exceptions import FieldError, ValidationError
 from django.db import connections, models, transaction
@@ -55,12 +55,21 @@ from .models import (
     Fence,
     Grant,
     IdempotencyRecord,
+    Lock,
     Rejection,
     RejectionReason,
     validate_key,
 )
 
-__all__ = ["FencedModel", "FencedQuerySet", "fence", "idempotent", "record_rejection"]
+__all__ = [
+    "FencedModel",
+    "FencedQuerySet",
+    "WatermarkRaise",
+    "fence",
+    "idempotent",
+    "raise_fence_to_lock",
+    "record_rejection",
+]
 
 logger = logging.getLogger("coordination.fencing")
 
@@ -380,6 +389,57 @@ def record_rejection(
     )
     signals.write_rejected.send(sender=Rejection, rejection=rejection)
     return rejection
+
+
+class WatermarkRaise(NamedTuple):
+    """What :func:`raise_fence_to_lock` did to one fence: watermarks as (token, step)."""
+
+    resource: str
+    lock_key: str
+    before: tuple[int, int]
+    after: tuple[int, int]
+
+    @property
+    def raised(self) -> bool:
+        return self.after > self.before
+
+
+def raise_fence_to_lock(
+    fence: Fence | str, *, step: int = 0, using: str | None = None
+) -> WatermarkRaise:
+    """Raise a fence's watermark to the last token its lock has issued; never lower it.
+
+    For after a restore from backup (DESIGN rule 8): a restored watermark can be
+    older than tokens already issued and used, and writes of those tokens would
+    be accepted again. Afterwards every token below the lock's last one is
+    refused as stale. The last token itself still writes steps above ``step``
+    (default 0: its holder may be mid-work); pass ``step=MAX_TOKEN`` to refuse it
+    too, so that only a new grant can write. A watermark already at or above
+    (last token, ``step``) is left as it is. The fence row is locked while
+    deciding, as for a write. Raises ``Fence.DoesNotExist`` for an unknown resource.
+    """
+    resource = fence if isinstance(fence, str) else fence.resource
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= MAX_TOKEN:
+        raise InvalidInput(f"step must be an integer from 0 to {MAX_TOKEN}")
+    alias = using or app_settings.DATABASE
+    with transaction.atomic(using=alias):
+        row = Fence.objects.using(alias).select_for_update().get(resource=resource)
+        issued = (
+            Lock.objects.using(alias).filter(key=row.lock_key).values_list("token", flat=True).first()
+        ) or 0
+        before = (row.token, row.step)
+        after = max(before, (issued, step))
+        if after > before:
+            # updated_at stays: it is the time of the last accepted write.
+            Fence.objects.using(alias).filter(pk=row.pk).update(token=after[0], step=after[1])
+    if after > before:
+        logger.warning(
+            "fence raised resource=%s key=%s watermark %s -> %s", row.resource, row.lock_key,
+            before, after,
+        )
+    if not isinstance(fence, str):
+        fence.token, fence.step = after
+    return WatermarkRaise(row.resource, row.lock_key, before, after)
 
 
 # --- helpers ------------------------------------------------------------------
