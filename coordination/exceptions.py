@@ -152,3 +152,13 @@ class NoGrant(CoordinationError):
         "No grant: pass one to the fenced write, or run it inside locks.hold(), "
         "locks.use_grant() or a fenced task."
     )
+
+
+class IdempotencyKeyReused(CoordinationError):
+    """An idempotency key came back with a different request than the one it stored."""
+
+    code = "idempotency_key_reused"
+    status_code = 409
+    default_detail = (
+        "This Idempotency-Key was used for a different request; use a new key for a new write."
+    )
