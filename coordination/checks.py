@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -118,3 +119,95 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
             )
         ]
     return []
+
+
+# Brokers that hide a delivered task and hand it to another worker when it is
+# not acknowledged within ``visibility_timeout``, and their default timeouts.
+_VISIBILITY_TIMEOUT_BROKERS = {"redis": 3600, "rediss": 3600, "sentinel": 3600, "sqs": 1800}
+TOKEN_WARNING_THRESHOLD = 2**62
+
+
+@register(Tags.compatibility)
+def check_celery_visibility_timeout(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """W003: a Redis/SQS visibility timeout shorter than MAX_TTL redelivers tasks that hold a lease."""
+    broker_url, options = _celery_broker_settings()
+    scheme = broker_url.split("://", 1)[0].split("+", 1)[0].lower() if "://" in broker_url else ""
+    if scheme not in _VISIBILITY_TIMEOUT_BROKERS:
+        return []
+    timeout = options.get("visibility_timeout", _VISIBILITY_TIMEOUT_BROKERS[scheme])
+    max_ttl = DEFAULTS["MAX_TTL"]
+    user = getattr(settings, "COORDINATION", {}) or {}
+    if isinstance(user, dict):
+        max_ttl = user.get("MAX_TTL", max_ttl)
+    try:
+        timeout, max_ttl = float(timeout), float(max_ttl)
+    except (TypeError, ValueError):
+        return []
+    if timeout >= max_ttl:
+        return []
+    return [
+        Warning(
+            f"The Celery broker ({scheme}) redelivers an unacknowledged task after "
+            f"visibility_timeout={timeout:g} s, shorter than COORDINATION['MAX_TTL']={max_ttl:g} s: "
+            "a task still holding its lease would run a second time on another worker.",
+            hint="Raise CELERY_BROKER_TRANSPORT_OPTIONS['visibility_timeout'] above MAX_TTL, "
+            "or lower COORDINATION['MAX_TTL'].",
+            id="coordination.W003",
+        )
+    ]
+
+
+def _celery_broker_settings() -> tuple[str, dict[str, Any]]:
+    """The broker URL and transport options, from Django settings or a configured Celery app."""
+    url = getattr(settings, "CELERY_BROKER_URL", None)
+    options = getattr(settings, "CELERY_BROKER_TRANSPORT_OPTIONS", None)
+    if url is None and "celery" in sys.modules:
+        # A project that configures Celery without the CELERY_ settings namespace.
+        # Only looked at when it already imported Celery: a check never imports it.
+        conf = sys.modules["celery"].current_app.conf
+        url, options = conf.broker_url, options or conf.broker_transport_options
+    if isinstance(url, list | tuple):
+        url = url[0] if url else ""
+    url = str(url or "").split(";", 1)[0].strip()
+    return url, dict(options or {})
+
+
+@register(Tags.database)
+def check_token_headroom(
+    app_configs: Sequence[AppConfig] | None = None,
+    databases: Sequence[str] | None = None,
+    **kwargs: Any,
+) -> list[CheckMessage]:
+    """W004: a lock has issued tokens above 2**62, half-way to the 64-bit limit.
+
+    A database check: it runs with ``manage.py check --database default``.
+    """
+    from django.db import DatabaseError
+
+    from .models import Lock
+
+    alias = app_settings.DATABASE
+    if not databases or alias not in databases:
+        return []
+    try:
+        worn = list(
+            Lock.objects.using(alias)
+            .filter(token__gt=TOKEN_WARNING_THRESHOLD)
+            .order_by("-token")
+            .values_list("key", "token")[:5]
+        )
+    except DatabaseError:  # not migrated yet: nothing has issued tokens
+        return []
+    if not worn:
+        return []
+    keys = ", ".join(f"{key!r} ({token})" for key, token in worn)
+    return [
+        Warning(
+            f"Lock tokens are past 2**62, approaching the 64-bit limit 2**63-1: {keys}.",
+            hint="Tokens never wrap: a key that reaches the limit refuses every acquire. "
+            "Move the work to new keys, and use smaller restore-guard bumps.",
+            id="coordination.W004",
+        )
+    ]
