@@ -6,6 +6,8 @@
 - ``write_accepted(sender=Fence, resource=..., grant=..., step=...)`` (a fenced write
   applied; sent after the statement, inside the caller's transaction if any)
 - ``write_rejected(sender=Rejection, rejection=...)``
+- ``task_skipped(sender=task class, task=..., key=..., reason=..., error=...)`` (a fenced
+  task did not run its body: ``reason`` is ``"lock_held"`` or ``"superseded"``)
 """
 
 from django.dispatch import Signal
@@ -15,3 +17,4 @@ lock_released = Signal()
 lock_lost = Signal()
 write_accepted = Signal()
 write_rejected = Signal()
+task_skipped = Signal()
