@@ -41,6 +41,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "coordination",
     "project.demo",
 ]
@@ -114,6 +115,7 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
+LOGIN_URL = "admin:login"
 
 LOGGING = {
     "version": 1,
@@ -149,11 +151,23 @@ CELERY_ACCEPT_CONTENT = ["json"]
 # --- REST framework ---------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    # The coordination API sets its own auth, permissions, throttle and error
+    # shape per view; these defaults cover any other DRF view of the site.
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "EXCEPTION_HANDLER": "coordination.api.exceptions.exception_handler",
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "coordination",
     "DESCRIPTION": "Lease locks with fencing tokens, fences and a fenced document store.",
     "VERSION": "0.1.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    # Swagger UI and Redoc assets from drf-spectacular-sidecar: no CDN.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 # --- coordination -----------------------------------------------------------

@@ -1,0 +1,56 @@
+"""Who may do what: Django permissions per action, so admins grant them to users and groups.
+
+- ``coordination.acquire_lock``: acquire, renew and release locks;
+- ``coordination.view_lock`` / ``view_grant`` / ``view_fence`` / ``view_document`` /
+  ``view_rejection``: the reads;
+- ``coordination.write_document``: fenced writes to the document store.
+
+Renew, release and document writes also need the grant's ``lease_id``; that
+proof is checked by :mod:`coordination.locks`, not here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework.permissions import BasePermission
+from rest_framework.request import Request
+from rest_framework.throttling import UserRateThrottle
+
+from ..conf import app_settings
+
+
+class ActionPermission(BasePermission):
+    """The Django permission the view names for the request's method.
+
+    Views declare ``required_permissions = {"GET": "coordination.view_lock", ...}``;
+    HEAD and OPTIONS need what GET needs. An anonymous request fails here, and DRF
+    answers it with 401 (the first authenticator sets ``WWW-Authenticate``).
+    """
+
+    message = "You do not have the permission this action needs."
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        user = request.user
+        if user is None or not user.is_authenticated:
+            return False
+        required: dict[str, str] = getattr(view, "required_permissions", {})
+        method = "GET" if request.method in {"HEAD", "OPTIONS"} else str(request.method)
+        permission = required.get(method)
+        if permission is None:
+            # A method the view does not serve: let DRF answer 405.
+            return True
+        if not user.has_perm(permission):
+            self.message = f"This action needs the permission {permission!r}."
+            return False
+        return True
+
+
+class UserThrottle(UserRateThrottle):
+    """Requests per user at ``COORDINATION["API_THROTTLE_RATE"]`` (None: unlimited)."""
+
+    scope = "coordination"
+
+    def get_rate(self) -> str | None:
+        rate = app_settings.API_THROTTLE_RATE
+        return str(rate) if rate else None

@@ -1,0 +1,290 @@
+"""Request and response shapes of the REST API.
+
+Input is strict: a field takes exactly its JSON type (no ``"1"`` for 1, no
+``1.5`` or ``true`` for an integer, no ``null`` unless stated), unknown fields
+are refused, and every bound is checked before the grant point or a fence is
+touched, so a refused request changes nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from rest_framework import serializers
+
+from ..conf import app_settings
+from ..documents import NAME_MAX_LENGTH
+from ..exceptions import InvalidInput
+from ..models import (
+    HOLDER_MAX_LENGTH,
+    KEY_MAX_LENGTH,
+    MAX_TOKEN,
+    Document,
+    Fence,
+    Grant,
+    Lock,
+    LockState,
+    Rejection,
+    validate_holder,
+    validate_key,
+)
+
+LEASE_ID_MAX_LENGTH = 128
+
+
+# --- strict fields -------------------------------------------------------------
+
+
+def _type_name(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, Mapping):
+        return "object"
+    if isinstance(value, list):
+        return "array"
+    return type(value).__name__
+
+
+class StrictIntegerField(serializers.IntegerField):
+    """A JSON integer only: not a string, float or boolean."""
+
+    def to_internal_value(self, data: Any) -> int:
+        if isinstance(data, bool) or not isinstance(data, int):
+            raise serializers.ValidationError(
+                f"Must be a JSON integer, not {_type_name(data)}.", code="invalid"
+            )
+        return int(super().to_internal_value(data))
+
+
+class StrictSecondsField(serializers.FloatField):
+    """A finite JSON number of seconds (integer or float), not a string or boolean."""
+
+    def to_internal_value(self, data: Any) -> float:
+        if isinstance(data, bool) or not isinstance(data, int | float):
+            raise serializers.ValidationError(
+                f"Must be a JSON number of seconds, not {_type_name(data)}.", code="invalid"
+            )
+        if not math.isfinite(data):
+            raise serializers.ValidationError("Must be a finite number.", code="invalid")
+        return float(data)
+
+
+class StrictCharField(serializers.CharField):
+    """A JSON string only: numbers are not turned into strings."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("trim_whitespace", False)
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            raise serializers.ValidationError(
+                f"Must be a JSON string, not {_type_name(data)}.", code="invalid"
+            )
+        return str(super().to_internal_value(data))
+
+
+def _key(value: str) -> str:
+    try:
+        return validate_key(value)
+    except InvalidInput as error:
+        raise serializers.ValidationError(error.detail, code="invalid") from None
+
+
+class StrictSerializer(serializers.Serializer[Any]):
+    """Refuses fields it does not declare, instead of silently ignoring them."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        unknown = sorted(set(data) - set(self.fields)) if isinstance(data, Mapping) else []
+        errors: dict[str, Any] = {name: ["Unknown field."] for name in unknown}
+        try:
+            value = super().to_internal_value(data)
+        except serializers.ValidationError as error:
+            if not errors:
+                raise
+            if isinstance(error.detail, Mapping):
+                errors.update(error.detail)
+        if errors:
+            raise serializers.ValidationError(errors, code="invalid")
+        return value
+
+
+def _token_field(**kwargs: Any) -> StrictIntegerField:
+    return StrictIntegerField(min_value=1, max_value=MAX_TOKEN, **kwargs)
+
+
+# --- requests ----------------------------------------------------------------------
+
+
+class AcquireRequest(StrictSerializer):
+    """Body of an acquire."""
+
+    holder = StrictCharField(
+        min_length=1, max_length=HOLDER_MAX_LENGTH, help_text="Who takes the lock (1 to 200 characters)."
+    )
+    ttl = StrictSecondsField(help_text="Lease length in seconds (> 0, within COORDINATION MIN_TTL..MAX_TTL).")
+    wait = StrictSecondsField(
+        required=False,
+        default=0.0,
+        min_value=0.0,
+        help_text="Seconds to wait for a held lock (>= 0, at most COORDINATION API_MAX_WAIT).",
+    )
+
+    def validate_holder(self, value: str) -> str:
+        try:
+            return validate_holder(value)
+        except InvalidInput as error:
+            raise serializers.ValidationError(error.detail, code="invalid") from None
+
+    def validate_ttl(self, value: float) -> float:
+        return _ttl(value)
+
+    def validate_wait(self, value: float) -> float:
+        upper = min(float(app_settings.API_MAX_WAIT), float(app_settings.MAX_WAIT))
+        if value > upper:
+            raise serializers.ValidationError(f"Must be at most {upper:g} seconds.", code="max_value")
+        return value
+
+
+def _ttl(value: float) -> float:
+    lower, upper = float(app_settings.MIN_TTL), float(app_settings.MAX_TTL)
+    if not lower <= value <= upper or value <= 0:
+        raise serializers.ValidationError(
+            f"Must be between {lower:g} and {upper:g} seconds.", code="invalid"
+        )
+    return value
+
+
+class LeaseProof(StrictSerializer):
+    """The proof of a grant: its token and the lease_id only the acquirer was given."""
+
+    token = _token_field(help_text="The grant's fencing token.")
+    lease_id = StrictCharField(
+        min_length=1, max_length=LEASE_ID_MAX_LENGTH, help_text="The secret from the acquire response."
+    )
+
+
+class RenewRequest(LeaseProof):
+    """Body of a renew."""
+
+    ttl = StrictSecondsField(
+        required=False, help_text="New lease length in seconds from now (default COORDINATION DEFAULT_TTL)."
+    )
+
+    def validate_ttl(self, value: float) -> float:
+        return _ttl(value)
+
+
+class ReleaseRequest(LeaseProof):
+    """Body of a release."""
+
+
+class DocumentWrite(LeaseProof):
+    """Body of a fenced document write."""
+
+    lock_key = StrictCharField(
+        max_length=KEY_MAX_LENGTH, validators=[_key], help_text="The lock key whose grant writes."
+    )
+    step = _token_field(
+        required=False,
+        help_text="Numbers several writes under one token (1, 2, 3...); default 1.",
+    )
+    # The contract names this field "data"; DRF's metaclass moves declared fields off
+    # the class, so it does not really shadow Serializer.data as mypy believes.
+    data = serializers.JSONField(allow_null=True, help_text="Any JSON value.")  # type: ignore[assignment]
+
+
+class RejectionFilter(serializers.Serializer[Any]):
+    """Query parameters of the rejection list (other parameters, like ``page``, pass)."""
+
+    resource = serializers.CharField(
+        required=False, max_length=KEY_MAX_LENGTH + 100, help_text="Exact resource name."
+    )
+    lock_key = serializers.CharField(required=False, max_length=KEY_MAX_LENGTH, help_text="Exact lock key.")
+    since = serializers.DateTimeField(
+        required=False, help_text="Only refusals at or after this time (ISO 8601)."
+    )
+
+
+# --- responses ---------------------------------------------------------------------
+
+
+class GrantSerializer(serializers.ModelSerializer[Grant]):
+    key = serializers.CharField(source="lock.key")
+
+    class Meta:
+        model = Grant
+        fields = ["key", "token", "holder", "acquired_at", "expires_at", "ended_at", "end_reason"]
+
+
+class AcquiredGrantSerializer(GrantSerializer):
+    lease_id = serializers.CharField(
+        help_text="The secret that renew, release and fenced writes need. Returned only here."
+    )
+
+    class Meta(GrantSerializer.Meta):
+        fields = ["key", "token", "lease_id", "holder", "acquired_at", "expires_at"]
+
+
+class LockSerializer(serializers.ModelSerializer[Lock]):
+    token = serializers.IntegerField(help_text="The last token issued for this key (0: never granted).")
+    state = serializers.ChoiceField(choices=LockState.choices, help_text="By the database clock.")
+    holder = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Lock
+        fields = ["key", "token", "state", "holder", "expires_at"]
+
+    def get_holder(self, lock: Lock) -> str | None:
+        return lock.holder or None
+
+
+class FenceSerializer(serializers.ModelSerializer[Fence]):
+    class Meta:
+        model = Fence
+        fields = ["resource", "lock_key", "token", "step", "updated_at"]
+
+
+class DocumentSerializer(serializers.ModelSerializer[Document]):
+    name = serializers.CharField(max_length=NAME_MAX_LENGTH)
+    lock_key = serializers.CharField(source="fence.lock_key")
+    token = serializers.IntegerField(source="fence.token")
+    step = serializers.IntegerField(source="fence.step")
+
+    class Meta:
+        model = Document
+        fields = ["name", "lock_key", "token", "step", "data", "updated_at"]
+
+
+class RejectionSerializer(serializers.ModelSerializer[Rejection]):
+    class Meta:
+        model = Rejection
+        fields = [
+            "resource", "lock_key", "token", "step", "watermark_token", "watermark_step",
+            "reason", "holder", "created_at",
+        ]
+
+
+class ErrorSerializer(serializers.Serializer[Any]):
+    """Every refusal: a stable ``code``, a ``detail`` for people, and extra fields per code."""
+
+    code = serializers.CharField()
+    detail = serializers.CharField()
+
+    def get_fields(self) -> dict[str, serializers.Field[Any, Any, Any, Any]]:
+        fields = super().get_fields()
+        # Declared here: as a class attribute it would shadow Serializer.errors for mypy.
+        fields["errors"] = serializers.DictField(
+            required=False, help_text="Messages per field (code 'invalid')."
+        )
+        return fields

@@ -1,0 +1,429 @@
+"""REST views: thin shells over :mod:`coordination.locks`, :mod:`coordination.documents`
+and the models. No grant or fence logic lives here.
+
+Every view authenticates (token first, so an anonymous request gets 401 with
+``WWW-Authenticate: Token``), checks the Django permission of its action,
+throttles per user, accepts only strict JSON and answers refusals with
+``{"code", "detail", ...}``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from typing import Any, cast
+
+from django.db import transaction
+from django.db.models import QuerySet
+from django.http import Http404
+from django.utils.decorators import method_decorator
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import generics, serializers, status
+from rest_framework.authentication import SessionAuthentication, TokenAuthentication
+from rest_framework.pagination import PageNumberPagination
+from rest_framework.renderers import JSONRenderer
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from .. import documents, fencing, locks
+from ..conf import app_settings
+from ..documents import NAME_MAX_LENGTH
+from ..exceptions import IdempotencyKeyReused, InvalidInput
+from ..models import KEY_MAX_LENGTH, KEY_PATTERN, Document, Fence, Grant, Lock, Rejection, validate_key
+from .exceptions import exception_handler
+from .parsers import StrictJSONParser
+from .permissions import ActionPermission, UserThrottle
+from .serializers import (
+    AcquiredGrantSerializer,
+    AcquireRequest,
+    DocumentSerializer,
+    DocumentWrite,
+    ErrorSerializer,
+    FenceSerializer,
+    GrantSerializer,
+    LockSerializer,
+    RejectionFilter,
+    RejectionSerializer,
+    ReleaseRequest,
+    RenewRequest,
+)
+
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+IDEMPOTENCY_KEY_MAX_LENGTH = 128
+
+_ERRORS = {
+    400: "invalid (per-field `errors`), parse_error",
+    401: "not_authenticated",
+    403: "permission_denied",
+    404: "not_found",
+    409: "the coordination refusal named by `code`",
+    413: "request_too_large",
+    415: "unsupported_media_type",
+    429: "throttled (see Retry-After)",
+}
+
+
+def _errors(*statuses: int) -> dict[int, OpenApiResponse]:
+    common = (400, 401, 403, 429)
+    return {
+        code: OpenApiResponse(ErrorSerializer, description=_ERRORS[code])
+        for code in sorted({*common, *statuses})
+    }
+
+
+def _name_parameter(name: str, max_length: int, description: str) -> OpenApiParameter:
+    return OpenApiParameter(
+        name,
+        {"type": "string", "pattern": f"^{KEY_PATTERN.pattern}$", "maxLength": max_length},
+        OpenApiParameter.PATH,
+        description=description,
+    )
+
+
+KEY_PARAMETER = _name_parameter("key", KEY_MAX_LENGTH, "Lock key: letters, digits and . _ : @ -")
+RESOURCE_PARAMETER = _name_parameter("resource", KEY_MAX_LENGTH, "Fence resource name.")
+NAME_PARAMETER = _name_parameter("name", NAME_MAX_LENGTH, "Document name.")
+
+
+def _path_key(value: str, field: str, *, max_length: int = KEY_MAX_LENGTH) -> str:
+    """A key from the URL, or 400 ``invalid`` naming the path parameter."""
+    try:
+        validate_key(value, what=field)
+    except InvalidInput as error:
+        raise serializers.ValidationError({field: [error.detail]}, code="invalid") from None
+    if len(value) > max_length:
+        raise serializers.ValidationError(
+            {field: [f"{field} is {len(value)} characters long; at most {max_length}"]}, code="invalid"
+        )
+    return value
+
+
+def _valid(serializer_class: type[serializers.Serializer[Any]], data: Any) -> dict[str, Any]:
+    serializer = serializer_class(data=data)
+    serializer.is_valid(raise_exception=True)
+    return cast(dict[str, Any], serializer.validated_data)
+
+
+class Pagination(PageNumberPagination):
+    """``?page=`` and ``?page_size=`` (default ``COORDINATION["API_PAGE_SIZE"]``, at most 1000)."""
+
+    page_size_query_param = "page_size"
+    max_page_size = 1000
+
+    def get_page_size(self, request: Request) -> int | None:
+        self.page_size = int(app_settings.API_PAGE_SIZE)
+        return super().get_page_size(request)
+
+
+class CoordinationView(APIView):
+    """What every coordination endpoint shares: auth, permissions, throttling, strict JSON."""
+
+    authentication_classes = [TokenAuthentication, SessionAuthentication]
+    permission_classes = [ActionPermission]
+    throttle_classes = [UserThrottle]
+    parser_classes = [StrictJSONParser]
+    renderer_classes = [JSONRenderer]
+    required_permissions: dict[str, str] = {}
+
+    def get_exception_handler(self) -> Callable[..., Response | None]:
+        return exception_handler
+
+
+class CoordinationListView(CoordinationView, generics.ListAPIView):  # type: ignore[type-arg]
+    pagination_class = Pagination
+
+
+# The grant point refuses to run inside a transaction, so these views must not be
+# wrapped in one by ATOMIC_REQUESTS (system check coordination.W002 warns too).
+_non_atomic = method_decorator(transaction.non_atomic_requests, name="dispatch")
+
+
+# --- locks ---------------------------------------------------------------------------
+
+
+@extend_schema(tags=["locks"])
+class LockListView(CoordinationListView):
+    """All locks with their state by the database clock, ordered by key."""
+
+    serializer_class = LockSerializer
+    required_permissions = {"GET": "coordination.view_lock"}
+
+    def get_queryset(self) -> QuerySet[Lock]:
+        return Lock.objects.with_state().order_by("key")
+
+    @extend_schema(operation_id="locks_list", responses={200: LockSerializer(many=True), **_errors(404)})
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().get(request, *args, **kwargs)
+
+
+@extend_schema(tags=["locks"], parameters=[KEY_PARAMETER])
+class LockDetailView(CoordinationView):
+    """One lock: its last token and its state by the database clock."""
+
+    required_permissions = {"GET": "coordination.view_lock"}
+
+    @extend_schema(
+        operation_id="locks_retrieve",
+        summary="A lock's state",
+        responses={200: LockSerializer, **_errors(404)},
+    )
+    def get(self, request: Request, key: str) -> Response:
+        key = _path_key(key, "key")
+        lock = Lock.objects.with_state().filter(key=key).first()
+        if lock is None:
+            raise Http404
+        return Response(LockSerializer(lock).data)
+
+
+@_non_atomic
+@extend_schema(tags=["locks"], parameters=[KEY_PARAMETER])
+class AcquireView(CoordinationView):
+    """Acquire a lease and a fencing token."""
+
+    required_permissions = {"POST": "coordination.acquire_lock"}
+
+    @extend_schema(
+        operation_id="locks_acquire",
+        summary="Acquire a lease and a fencing token",
+        description=(
+            "Grants the lock to `holder` for `ttl` seconds of database time, with a token "
+            "greater than every earlier token of the key. `lease_id` is returned only here: "
+            "keep it secret, renew, release and fenced writes need it. A held lock answers "
+            "409 `lock_held` with `holder`, `expires_at`, `retry_after` and a Retry-After header."
+        ),
+        request=AcquireRequest,
+        responses={201: AcquiredGrantSerializer, **_errors(409, 413, 415)},
+    )
+    def post(self, request: Request, key: str) -> Response:
+        key = _path_key(key, "key")
+        body = _valid(AcquireRequest, request.data)
+        grant = locks.acquire(key, holder=body["holder"], ttl=body["ttl"], wait=body["wait"])
+        return Response(AcquiredGrantSerializer(grant).data, status=status.HTTP_201_CREATED)
+
+
+@_non_atomic
+@extend_schema(tags=["locks"], parameters=[KEY_PARAMETER])
+class RenewView(CoordinationView):
+    """Extend the current lease; needs its lease_id."""
+
+    required_permissions = {"POST": "coordination.acquire_lock"}
+
+    @extend_schema(
+        operation_id="locks_renew",
+        summary="Extend the current lease",
+        description="Needs the grant's `token` and `lease_id`; 409 `lease_lost` once the lease ended.",
+        request=RenewRequest,
+        responses={200: GrantSerializer, **_errors(409, 413, 415)},
+    )
+    def post(self, request: Request, key: str) -> Response:
+        key = _path_key(key, "key")
+        body = _valid(RenewRequest, request.data)
+        grant = locks.grant_from_proof(key, body["token"], body["lease_id"])
+        grant = locks.renew(grant, ttl=body.get("ttl"))
+        return Response(GrantSerializer(grant).data)
+
+
+@_non_atomic
+@extend_schema(tags=["locks"], parameters=[KEY_PARAMETER])
+class ReleaseView(CoordinationView):
+    """End the current lease; needs its lease_id."""
+
+    required_permissions = {"POST": "coordination.acquire_lock"}
+
+    @extend_schema(
+        operation_id="locks_release",
+        summary="End the current lease",
+        description=(
+            "Needs the grant's `token` and `lease_id`. 409 `lease_lost` if the lease already "
+            "ended (an expired lease is closed and the lock freed before answering)."
+        ),
+        request=ReleaseRequest,
+        responses={200: GrantSerializer, **_errors(409, 413, 415)},
+    )
+    def post(self, request: Request, key: str) -> Response:
+        key = _path_key(key, "key")
+        body = _valid(ReleaseRequest, request.data)
+        grant = locks.grant_from_proof(key, body["token"], body["lease_id"])
+        return Response(GrantSerializer(locks.release(grant)).data)
+
+
+@extend_schema(tags=["locks"], parameters=[KEY_PARAMETER])
+class GrantListView(CoordinationListView):
+    """The grant history of a lock, newest first."""
+
+    serializer_class = GrantSerializer
+    required_permissions = {"GET": "coordination.view_grant"}
+
+    def get_queryset(self) -> QuerySet[Grant]:
+        key = _path_key(self.kwargs["key"], "key")
+        lock = Lock.objects.filter(key=key).first()
+        if lock is None:
+            raise Http404
+        return Grant.objects.filter(lock=lock).select_related("lock").order_by("-token")
+
+    @extend_schema(operation_id="locks_grants", responses={200: GrantSerializer(many=True), **_errors(404)})
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().get(request, *args, **kwargs)
+
+
+# --- fences --------------------------------------------------------------------------
+
+
+@extend_schema(tags=["fences"])
+class FenceListView(CoordinationListView):
+    """Every fence with its watermark, ordered by resource name."""
+
+    serializer_class = FenceSerializer
+    required_permissions = {"GET": "coordination.view_fence"}
+
+    def get_queryset(self) -> QuerySet[Fence]:
+        return Fence.objects.order_by("resource")
+
+    @extend_schema(operation_id="fences_list", responses={200: FenceSerializer(many=True), **_errors(404)})
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().get(request, *args, **kwargs)
+
+
+@extend_schema(tags=["fences"], parameters=[RESOURCE_PARAMETER])
+class FenceDetailView(CoordinationView):
+    """One fence and its watermark."""
+
+    required_permissions = {"GET": "coordination.view_fence"}
+
+    @extend_schema(
+        operation_id="fences_retrieve",
+        summary="A fence's watermark",
+        responses={200: FenceSerializer, **_errors(404)},
+    )
+    def get(self, request: Request, resource: str) -> Response:
+        resource = _path_key(resource, "resource")
+        fence = Fence.objects.filter(resource=resource).first()
+        if fence is None:
+            raise Http404
+        return Response(FenceSerializer(fence).data)
+
+
+# --- documents -----------------------------------------------------------------------
+
+
+@extend_schema(tags=["documents"], parameters=[NAME_PARAMETER])
+class DocumentView(CoordinationView):
+    """A document of the fenced store."""
+
+    required_permissions = {
+        "GET": "coordination.view_document",
+        "PUT": "coordination.write_document",
+    }
+
+    @extend_schema(
+        operation_id="documents_retrieve",
+        summary="Read a document",
+        responses={200: DocumentSerializer, **_errors(404)},
+    )
+    def get(self, request: Request, name: str) -> Response:
+        name = _path_key(name, "name", max_length=NAME_MAX_LENGTH)
+        try:
+            document = documents.get_document(name)
+        except Document.DoesNotExist:
+            raise Http404 from None
+        return Response(DocumentSerializer(document).data)
+
+    @extend_schema(
+        operation_id="documents_write",
+        summary="Fenced write of a document",
+        description=(
+            "Writes `data` if the grant (`lock_key`, `token`, proven by `lease_id`) passes the "
+            "document's fence; the check and the write are one transaction. Refusals: 409 "
+            "`stale_token` (with `current_token`), `duplicate_write` (same token and step; "
+            "number several writes with `step`), `wrong_lock`, `lease_lost` (the lease_id does "
+            "not match that grant). With an `Idempotency-Key` header a retry returns the "
+            "stored response (header `Idempotent-Replayed: true`)."
+        ),
+        parameters=[
+            OpenApiParameter(
+                IDEMPOTENCY_HEADER,
+                {"type": "string", "minLength": 1, "maxLength": IDEMPOTENCY_KEY_MAX_LENGTH},
+                OpenApiParameter.HEADER,
+                description="Makes a retried PUT return the stored response instead of writing again.",
+            )
+        ],
+        request=DocumentWrite,
+        responses={200: DocumentSerializer, **_errors(409, 413, 415)},
+    )
+    def put(self, request: Request, name: str) -> Response:
+        name = _path_key(name, "name", max_length=NAME_MAX_LENGTH)
+        idempotency_key = _idempotency_key(request)
+        body = _valid(DocumentWrite, request.data)
+        grant = locks.grant_from_proof(body["lock_key"], body["token"], body["lease_id"])
+
+        def write() -> dict[str, Any]:
+            document = documents.put_document(name, grant, body["data"], step=body.get("step"))
+            return dict(DocumentSerializer(document).data)
+
+        if idempotency_key is None:
+            return Response(write())
+        ran = False
+        fingerprint = _fingerprint(name, body)
+
+        def write_once() -> dict[str, Any]:
+            nonlocal ran
+            ran = True
+            return {"request": fingerprint, "response": write()}
+
+        # Scoped per user and document; hashed to fit the record's 255 characters.
+        scope = f"{request.user.pk}\0{name}\0{idempotency_key}".encode()
+        scoped = f"coordination.api.document:{hashlib.sha256(scope).hexdigest()}"
+        stored = fencing.idempotent(scoped, write_once)
+        if stored["request"] != fingerprint:
+            raise IdempotencyKeyReused()
+        headers = {} if ran else {"Idempotent-Replayed": "true"}
+        return Response(stored["response"], headers=headers)
+
+
+def _idempotency_key(request: Request) -> str | None:
+    value = request.headers.get(IDEMPOTENCY_HEADER)
+    if value is None:
+        return None
+    if not 0 < len(value) <= IDEMPOTENCY_KEY_MAX_LENGTH or not value.isprintable() or not value.isascii():
+        raise serializers.ValidationError(
+            {IDEMPOTENCY_HEADER: [f"Must be 1 to {IDEMPOTENCY_KEY_MAX_LENGTH} printable ASCII characters."]},
+            code="invalid",
+        )
+    return value
+
+
+def _fingerprint(name: str, body: dict[str, Any]) -> str:
+    canonical = json.dumps({"name": name, **body}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+# --- rejections ----------------------------------------------------------------------
+
+
+@extend_schema(tags=["rejections"])
+class RejectionListView(CoordinationListView):
+    """Refused writes, newest first."""
+
+    serializer_class = RejectionSerializer
+    required_permissions = {"GET": "coordination.view_rejection"}
+
+    def get_queryset(self) -> QuerySet[Rejection]:
+        filters = _valid(RejectionFilter, self.request.query_params)
+        rows = Rejection.objects.order_by("-created_at", "-id")
+        if "resource" in filters:
+            rows = rows.filter(resource=filters["resource"])
+        if "lock_key" in filters:
+            rows = rows.filter(lock_key=filters["lock_key"])
+        if "since" in filters:
+            rows = rows.filter(created_at__gte=filters["since"])
+        return rows
+
+    @extend_schema(
+        operation_id="rejections_list",
+        parameters=[RejectionFilter],
+        responses={200: RejectionSerializer(many=True), **_errors(404)},
+    )
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().get(request, *args, **kwargs)
