@@ -1,0 +1,161 @@
+"""Fenced tasks for Django's own task framework (``django.tasks``, Django 6.0+).
+
+The twin of :func:`coordination.contrib.celery.fenced_task`, so a team moving
+off Celery keeps its fencing::
+
+    from coordination.contrib.tasks import fenced_task
+
+    @fenced_task(lock="account:{account_id}", ttl=30)
+    def settle(account_id):
+        Account.objects.filter(pk=account_id).fenced_update(balance=new)  # this run's token
+
+    settle.enqueue(account_id=7)
+
+Each run of the task acquires a new grant of its lock (a higher token than any
+earlier run), keeps the lease alive from a thread with its own database
+connection, makes the grant current for fenced writes while the body runs
+(``locks.current_grant()``; ``context.grant`` is not available because Django's
+``TaskContext`` is frozen) and releases it on every exit path.
+
+``django.tasks`` has no retry, so a busy lock either waits (``wait`` seconds in
+the worker), is skipped (``on_busy="skip"``: the result is a
+:class:`~coordination.contrib.execution.Skipped` dict, logged and signalled) or
+fails the task (``on_busy="raise"``, the default: ``LockHeld``).
+
+This module imports on Django 5.2 too; ``fenced_task`` then raises
+``ImproperlyConfigured``, since there is no ``django.tasks`` to register with.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from django.core.exceptions import ImproperlyConfigured
+
+from .. import signals
+from ..exceptions import InvalidInput, LockHeld
+from .execution import (
+    FencedExecution,
+    LockSpec,
+    holder_name,
+    resolve_lock_key,
+    skipped,
+    validate_on_busy,
+)
+
+__all__ = ["fenced", "fenced_task"]
+
+logger = logging.getLogger("coordination.tasks")
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def fenced(
+    *,
+    lock: LockSpec,
+    ttl: float | None = None,
+    wait: float = 0.0,
+    on_busy: str = "raise",
+    keepalive: bool = True,
+    takes_context: bool = False,
+    using: str | None = None,
+) -> Callable[[_F], _F]:
+    """Wrap a task function so that each call runs under a new grant of ``lock``.
+
+    The building block of :func:`fenced_task`; use it directly under another
+    task decorator (``@task(...)`` of a third-party backend) if needed. With
+    ``takes_context=True`` the first argument (Django's ``TaskContext``) is not
+    part of the lock key template.
+    """
+    if not (isinstance(lock, str) or callable(lock)):
+        raise InvalidInput("fenced(lock=...) must be a key template or a callable")
+    validate_on_busy(on_busy, ("skip", "raise"))
+
+    def decorate(func: _F) -> _F:
+        signature = _key_signature(func, takes_context)
+
+        @functools.wraps(func)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            key_args = args[1:] if takes_context else args
+            key = resolve_lock_key(lock, signature, key_args, kwargs)
+            task_id, attempt = _identity(args[0] if takes_context and args else None)
+            execution = FencedExecution(
+                key,
+                holder=holder_name(f"{func.__module__}.{func.__qualname__}", task_id, attempt),
+                ttl=ttl,
+                wait=wait,
+                keepalive=keepalive,
+                using=using,
+            )
+            try:
+                execution.acquire()
+            except LockHeld as held:
+                if on_busy == "raise":
+                    raise
+                logger.warning("task %s[%s] skipped: %s", func.__qualname__, task_id, held.detail)
+                signals.task_skipped.send(
+                    sender=fenced, task=func, key=key, reason="lock_held", error=held
+                )
+                return skipped("lock_held", key, held.detail)
+            with execution:
+                return func(*args, **kwargs)
+
+        return run  # type: ignore[return-value]
+
+    return decorate
+
+
+def fenced_task(
+    *,
+    lock: LockSpec,
+    ttl: float | None = None,
+    wait: float = 0.0,
+    on_busy: str = "raise",
+    keepalive: bool = True,
+    takes_context: bool = False,
+    using: str | None = None,
+    **task_options: Any,
+) -> Callable[[Callable[..., Any]], Any]:
+    """Declare a ``django.tasks`` task whose every run holds a new grant of ``lock``.
+
+    ``lock``, ``ttl``, ``wait``, ``keepalive``: as for the Celery ``fenced_task``.
+    ``on_busy``: ``"raise"`` (default; the task fails with ``LockHeld``) or
+    ``"skip"``. Other keyword arguments (``priority``, ``queue_name``,
+    ``backend``) go to ``django.tasks.task``. Raises ``ImproperlyConfigured`` on
+    a Django without ``django.tasks``.
+    """
+    try:
+        from django.tasks import task
+    except ImportError:  # Django < 6.0
+        raise ImproperlyConfigured(
+            "coordination.contrib.tasks.fenced_task needs django.tasks (Django 6.0 or newer); "
+            "on older Django use coordination.contrib.celery.fenced_task"
+        ) from None
+    wrap = fenced(
+        lock=lock, ttl=ttl, wait=wait, on_busy=on_busy, keepalive=keepalive,
+        takes_context=takes_context, using=using,
+    )
+
+    register: Any = task  # its overloads need takes_context as a literal
+    def decorate(func: Callable[..., Any]) -> Any:
+        return register(takes_context=takes_context, **task_options)(wrap(func))
+
+    return decorate
+
+
+def _key_signature(func: Callable[..., Any], takes_context: bool) -> inspect.Signature:
+    signature = inspect.signature(func)
+    if takes_context:
+        signature = signature.replace(parameters=list(signature.parameters.values())[1:])
+    return signature
+
+
+def _identity(context: Any) -> tuple[str | None, int]:
+    result = getattr(context, "task_result", None)
+    if result is None:
+        return None, 1
+    return str(result.id), int(getattr(context, "attempt", 1) or 1)
