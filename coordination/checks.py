@@ -159,6 +159,51 @@ def check_celery_visibility_timeout(
     ]
 
 
+_GREEN_POOLS = {"gevent", "eventlet"}
+
+
+@register(Tags.compatibility)
+def check_celery_fenced_tasks(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """W010: eager mode runs fenced tasks in the caller; W011: green pools starve the keep-alive."""
+    messages: list[CheckMessage] = []
+    eager = _celery_setting("task_always_eager")
+    if eager:
+        messages.append(
+            Warning(
+                "CELERY_TASK_ALWAYS_EAGER is on: fenced tasks run in the caller's process, inside "
+                "its transaction (where the grant point refuses to run: InTransaction), and "
+                "supersede mode never sees a later enqueue.",
+                hint="Turn task_always_eager off outside unit tests; run a worker, or call "
+                "task.apply() in tests that need a task inline.",
+                id="coordination.W010",
+            )
+        )
+    pool = str(_celery_setting("worker_pool") or "").rsplit(":", 1)[-1].lower()
+    if pool in _GREEN_POOLS:
+        messages.append(
+            Warning(
+                f"CELERY_WORKER_POOL is {pool!r}: a fenced task's keep-alive runs as a greenlet, and "
+                "a task body that does not yield starves it, so leases are lost mid-task "
+                "(the task's later fenced writes are then refused).",
+                hint="Use the prefork, threads or solo pool for fenced tasks, or a ttl longer "
+                "than the longest stretch a task body runs without yielding.",
+                id="coordination.W011",
+            )
+        )
+    return messages
+
+
+def _celery_setting(name: str) -> Any:
+    """A Celery setting from Django settings (CELERY_ namespace) or a configured Celery app."""
+    value = getattr(settings, f"CELERY_{name.upper()}", None)
+    if value is None and "celery" in sys.modules:
+        # Only looked at when the project already imported Celery: a check never imports it.
+        value = sys.modules["celery"].current_app.conf.get(name)
+    return value
+
+
 def _celery_broker_settings() -> tuple[str, dict[str, Any]]:
     """The broker URL and transport options, from Django settings or a configured Celery app."""
     url = getattr(settings, "CELERY_BROKER_URL", None)
