@@ -1,0 +1,459 @@
+"""The chaos controller: start workers, inject faults, collect the history, check it."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from django.conf import settings
+from django.core.management import call_command
+from django.db import DatabaseError, InterfaceError, connections
+
+from .checker import Report, check
+from .faults import FAULT_KINDS, ManagedPostgres
+from .history import HistoryWriter, iso, merge
+from .worker import HOLDING
+
+__all__ = ["ChaosConfig", "ChaosRun"]
+
+MANAGED_ALIAS = "coordination_chaos"
+# After the first round (every kind once), pauses are the fault that makes stale
+# writes happen, so they come most often.
+FAULT_WEIGHTS = {
+    "pause": 0.5, "kill": 0.12, "terminate_backend": 0.2, "restart_fast": 0.09, "restart_immediate": 0.09,
+}
+
+
+@dataclass
+class ChaosConfig:
+    seconds: float = 30.0
+    workers: int = 4
+    keys: int = 2
+    ttl: float = 1.0
+    seed: int | None = None
+    fencing: bool = True
+    manage_postgres: bool = False
+    history: str | None = None
+    fault_interval: float = 1.5
+    documents: bool | None = None  # None: when coordination.documents is installed
+    faults: tuple[str, ...] = field(default=FAULT_KINDS)
+
+
+@dataclass
+class WorkerProcess:
+    name: str
+    process: subprocess.Popen[bytes]
+    phase: Path
+    stderr: Path
+    paused_until: float | None = None
+
+    def holding(self) -> bool:
+        with contextlib.suppress(OSError):
+            return self.phase.read_bytes()[:1] == HOLDING
+        return False
+
+
+class Output(Protocol):
+    def write(self, text: str, /) -> Any: ...
+
+
+class ChaosRun:
+    """One chaos run. ``run()`` always stops its workers and managed server."""
+
+    def __init__(self, config: ChaosConfig, out: Output | None = None) -> None:
+        self.config = config
+        self.out = out or sys.stdout
+        self.seed = config.seed if config.seed is not None else random.randrange(2**32)
+        self.rng = random.Random(self.seed)
+        self.server: ManagedPostgres | None = None
+        self.alias = "default"
+        self.workers: list[WorkerProcess] = []
+        self.spawned = 0
+        self.workdir = Path(tempfile.mkdtemp(prefix="coordination-chaos-"))
+        self.log: HistoryWriter | None = None
+        self.accounts: list[int] = []
+        self.documents = False
+        self.started = 0.0
+
+    # --- the run ----------------------------------------------------------------
+
+    def run(self) -> Report:
+        # SIGTERM ends the run like Ctrl-C does: through the cleanup below.
+        previous = signal.getsignal(signal.SIGTERM)
+        main_thread = threading.current_thread() is threading.main_thread()
+        if main_thread:
+            signal.signal(signal.SIGTERM, _raise_interrupt)
+        try:
+            return self._run()
+        finally:
+            self._cleanup()
+            if main_thread:
+                signal.signal(signal.SIGTERM, previous)
+
+    def _run(self) -> Report:
+        config = self.config
+        self.log = HistoryWriter(self.workdir / "controller.jsonl")
+        self._prepare_database()
+        kinds = self._available_faults()
+        self.log.write({"type": "run", "config": {**asdict(config), "seed": self.seed},
+                        "faults_available": kinds, "documents": self.documents, "database": self.vendor})
+        self._say(
+            f"chaos: {config.workers} workers, {config.keys} keys, ttl {config.ttl:g} s, "
+            f"{config.seconds:g} s, seed {self.seed}, fencing {'on' if config.fencing else 'OFF'}, "
+            f"faults: {', '.join(kinds) or 'none'}"
+        )
+        for _ in range(config.workers):
+            self._spawn()
+        self.started = time.monotonic()
+        deadline = self.started + config.seconds
+        pending = list(kinds)
+        self.rng.shuffle(pending)
+        next_fault = self.started + self._fault_gap()
+        next_sample = self.started
+        while (now := time.monotonic()) < deadline:
+            self._resume_due(now)
+            self._replace_exited()
+            if now >= next_sample:
+                self._sample()
+                next_sample = now + 0.3
+            if kinds and now >= next_fault:
+                kind = pending.pop() if pending else self._weighted_fault(kinds)
+                self._inject(kind)
+                next_fault = time.monotonic() + self._fault_gap()
+            time.sleep(0.02)
+        self._stop_workers()
+        self._sample()
+        return self._finish()
+
+    @property
+    def vendor(self) -> str:
+        return str(connections[self.alias].vendor)
+
+    def _say(self, message: str) -> None:
+        self.out.write(message + "\n")
+        if hasattr(self.out, "flush"):
+            self.out.flush()
+
+    def _fault_gap(self) -> float:
+        return self.rng.uniform(0.5, 1.5) * self.config.fault_interval
+
+    def _weighted_fault(self, kinds: list[str]) -> str:
+        return self.rng.choices(kinds, weights=[FAULT_WEIGHTS[kind] for kind in kinds])[0]
+
+    def _available_faults(self) -> list[str]:
+        kinds = [kind for kind in self.config.faults if kind in FAULT_KINDS]
+        if self.vendor != "postgresql":
+            kinds = [kind for kind in kinds if kind in {"pause", "kill"}]
+        if self.server is None:
+            kinds = [kind for kind in kinds if not kind.startswith("restart")]
+        return kinds
+
+    # --- database ---------------------------------------------------------------
+
+    def _prepare_database(self) -> None:
+        from project.demo.models import Account
+
+        if self.config.manage_postgres:
+            self._say("chaos: starting a throwaway PostgreSQL server ...")
+            self.server = ManagedPostgres()
+            self.server.start()
+            self.alias = MANAGED_ALIAS
+            settings.DATABASES[self.alias] = self.server.settings_dict()
+            connections.configure_settings(settings.DATABASES)
+            call_command("migrate", database=self.alias, verbosity=0, interactive=False)
+            self._say(f"chaos: PostgreSQL on port {self.server.port} under {self.server.root}")
+        wanted = self.config.documents
+        available = importlib.util.find_spec("coordination.documents") is not None
+        self.documents = available if wanted is None else (wanted and available)
+        run_id = f"{self.seed:x}"
+        for index in range(self.config.keys):
+            account = Account.objects.using(self.alias).create(owner=f"chaos-{run_id}-{index}")
+            self.accounts.append(account.pk)
+
+    def _worker_database(self, name: str) -> dict[str, Any]:
+        database: dict[str, Any] = json.loads(
+            json.dumps(connections[self.alias].settings_dict, default=str)
+        )
+        if database["ENGINE"].endswith("postgresql"):
+            # The name lets the controller find this worker's backend to terminate it.
+            database["OPTIONS"] = {**database.get("OPTIONS", {}), "application_name": _app_name(name)}
+        database["CONN_MAX_AGE"] = None
+        return database
+
+    def _query(self, work: Callable[[Any], Any]) -> Any:
+        """Run a controller query, tolerating a server that is restarting."""
+        for _attempt in range(50):
+            try:
+                with connections[self.alias].cursor() as cursor:
+                    return work(cursor)
+            except (DatabaseError, InterfaceError):
+                with contextlib.suppress(Exception):
+                    connections[self.alias].close()
+                time.sleep(0.2)
+        raise RuntimeError("the database did not come back within 10 s")
+
+    # --- workers -----------------------------------------------------------------
+
+    def _spawn(self) -> WorkerProcess:
+        self.spawned += 1
+        name = f"w{self.spawned}"
+        phase = self.workdir / f"{name}.phase"
+        phase.write_bytes(b"-")
+        config = {
+            "worker": name, "number": self.spawned, "parent": os.getpid(),
+            "accounts": self.accounts, "ttl": self.config.ttl,
+            "seed": self.rng.randrange(2**32), "fencing": self.config.fencing,
+            "documents": self.documents, "history": str(self.workdir / f"{name}.jsonl"),
+            "phase": str(phase), "settings": settings.SETTINGS_MODULE,
+            "database": self._worker_database(name),
+        }
+        config_path = self.workdir / f"{name}.json"
+        config_path.write_text(json.dumps(config))
+        stderr = self.workdir / f"{name}.stderr"
+        environment = {**os.environ, "PYTHONPATH": os.pathsep.join(_import_roots())}
+        with open(stderr, "wb") as errors:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "coordination.chaos.worker", str(config_path)],
+                stdin=subprocess.DEVNULL, stdout=errors, stderr=errors, env=environment,
+            )
+        worker = WorkerProcess(name, process, phase, stderr)
+        self.workers.append(worker)
+        return worker
+
+    def _replace_exited(self) -> None:
+        for worker in list(self.workers):
+            code = worker.process.poll()
+            if code is None:
+                continue
+            self.workers.remove(worker)
+            tail = worker.stderr.read_text(errors="replace")[-2000:]
+            assert self.log is not None
+            self.log.write({"type": "worker_exit", "worker": worker.name, "returncode": code, "stderr": tail})
+            self._say(f"chaos: worker {worker.name} exited with {code} on its own; starting another\n{tail}")
+            self._spawn()
+
+    def _resume_due(self, now: float) -> None:
+        for worker in self.workers:
+            if worker.paused_until is not None and now >= worker.paused_until:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(worker.process.pid, signal.SIGCONT)
+                worker.paused_until = None
+
+    def _stop_workers(self) -> None:
+        for worker in self.workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker.process.pid, signal.SIGCONT)
+                worker.paused_until = None
+                worker.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 3 * self.config.ttl + 10
+        for worker in self.workers:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                worker.process.wait(max(0.1, deadline - time.monotonic()))
+        for worker in self.workers:
+            if worker.process.poll() is None:
+                worker.process.kill()
+                worker.process.wait()
+
+    # --- faults ------------------------------------------------------------------
+
+    def _inject(self, kind: str) -> None:
+        assert self.log is not None
+        fault: dict[str, Any] = {"type": "fault", "kind": kind}
+        if kind == "pause":
+            worker = self._pick_holding()
+            if worker is None:
+                return
+            duration = self.rng.uniform(0.5, 3.0) * self.config.ttl
+            fault.update(worker=worker.name, seconds=round(duration, 3), holding=worker.holding())
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker.process.pid, signal.SIGSTOP)
+                worker.paused_until = time.monotonic() + duration
+        elif kind == "kill":
+            worker = self.rng.choice(self.workers)
+            fault["worker"] = worker.name
+            worker.process.kill()
+            worker.process.wait()
+            self.workers.remove(worker)
+            fault["replacement"] = self._spawn().name
+        elif kind == "terminate_backend":
+            worker = self.rng.choice([w for w in self.workers if w.paused_until is None] or self.workers)
+            fault["worker"] = worker.name
+            fault["terminated"] = self._query(lambda cursor: _terminate(cursor, _app_name(worker.name)))
+        else:
+            assert self.server is not None
+            mode = kind.removeprefix("restart_")
+            with contextlib.suppress(Exception):
+                connections[self.alias].close()
+            fault["seconds"] = round(self.server.restart(mode), 3)
+        self.log.write(fault)
+        if kind != "pause" or "worker" in fault:
+            self._say(f"chaos: t+{time.monotonic() - self.started:5.1f}s fault {kind} "
+                      f"{fault.get('worker', '')}".rstrip())
+
+    def _pick_holding(self) -> WorkerProcess | None:
+        """A running worker that holds a lease and has not written yet, if one shows up
+        soon (its pause then straddles the lease's expiry); else any running worker."""
+        running = [w for w in self.workers if w.paused_until is None]
+        if len(running) <= 1:
+            return None  # keep someone running, to take the lock over
+        deadline = time.monotonic() + self.config.ttl
+        while time.monotonic() < deadline:
+            holding = [w for w in running if w.holding()]
+            if holding:
+                return self.rng.choice(holding)
+            time.sleep(0.005)
+        return self.rng.choice(running)
+
+    # --- observations and the final state ----------------------------------------
+
+    def _sample(self) -> None:
+        assert self.log is not None
+        keys = [f"account:{pk}" for pk in self.accounts]
+        try:
+            observed = _observe(self.alias, keys, self.accounts)
+        except (DatabaseError, InterfaceError):
+            with contextlib.suppress(Exception):
+                connections[self.alias].close()
+            return
+        for name, token, step in observed:
+            self.log.write({"type": "observe", "object": name, "token": token, "step": step})
+
+    def _finish(self) -> Report:
+        from coordination.models import Document, Fence, Grant, IdempotencyRecord, Lock
+        from project.demo.models import Account
+
+        assert self.log is not None
+        log, alias = self.log, self.alias
+        self._query(lambda cursor: cursor.execute("SELECT 1"))  # wait for a restarting server
+        keys = [f"account:{pk}" for pk in self.accounts]
+        for grant in Grant.objects.using(alias).filter(lock__key__in=keys).select_related("lock"):
+            log.write({"type": "grant_row", "key": grant.lock.key, "token": grant.token,
+                       "holder": grant.holder, "acquired_at": iso(grant.acquired_at),
+                       "expires_at": iso(grant.expires_at), "ended_at": iso(grant.ended_at),
+                       "end_reason": grant.end_reason})
+        for lock in Lock.objects.using(alias).filter(key__in=keys):
+            log.write({"type": "lock_row", "key": lock.key, "token": lock.token})
+        for account in Account.objects.using(alias).filter(pk__in=self.accounts):
+            log.write({"type": "final", "resource": f"account:{account.pk}", "token": account.fence,
+                       "step": account.fence_step, "value": int(account.balance)})
+        fences = {f.resource: f for f in Fence.objects.using(alias).filter(lock_key__in=keys)}
+        for pk in self.accounts:
+            resource = f"ledger:{pk}"
+            ledger = IdempotencyRecord.objects.using(alias).filter(key__startswith=f"chaos:{resource}:")
+            records = {record.key: record.result for record in ledger}
+            log.write({"type": "stored_resource", "resource": resource})
+            for record_key, result in records.items():
+                token, step = record_key.rsplit(":", 2)[-2:]
+                log.write({"type": "stored", "resource": resource, "token": int(token), "step": int(step),
+                           "value": (result or {}).get("value")})
+            row = fences.get(resource)
+            if row is not None:
+                stored = records.get(f"chaos:{resource}:{row.token}:{row.step}") or {}
+                log.write({"type": "final", "resource": resource, "token": row.token, "step": row.step,
+                           "value": stored.get("value")})
+        if self.documents:
+            names = [f"chaos-{pk}" for pk in self.accounts]
+            for document in Document.objects.using(alias).filter(name__in=names):
+                row = Fence.objects.using(alias).get(pk=document.fence_id)
+                log.write({"type": "final", "resource": row.resource, "token": row.token, "step": row.step,
+                           "value": (document.data or {}).get("value")})
+        log.close()
+        paths = sorted(self.workdir.glob("*.jsonl"))
+        target = Path(self.config.history) if self.config.history else self.workdir / "history.merged"
+        events = merge(paths, target)
+        report = check(events)
+        report.figures.update(
+            seed=self.seed, seconds=self.config.seconds, workers=self.config.workers, keys=self.config.keys,
+            ttl=self.config.ttl, fencing=self.config.fencing, workers_started=self.spawned,
+            documents=self.documents, managed_postgres=self.server is not None, database=self.vendor,
+            faults_requested=list(self._available_faults()),
+            faults_missing=sorted(set(self._available_faults()) - set(report.figures["faults_by_kind"])),
+        )
+        return report
+
+    # --- cleanup ----------------------------------------------------------------------
+
+    def _cleanup(self) -> None:
+        for worker in self.workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker.process.pid, signal.SIGCONT)
+            if worker.process.poll() is None:
+                worker.process.kill()
+            with contextlib.suppress(Exception):
+                worker.process.wait(10)
+        self.workers.clear()
+        if self.log is not None:
+            with contextlib.suppress(Exception):
+                self.log.close()
+        if self.alias == MANAGED_ALIAS:
+            with contextlib.suppress(Exception):
+                connections[self.alias].close()
+            with contextlib.suppress(Exception):
+                del connections[self.alias]
+            settings.DATABASES.pop(self.alias, None)
+        if self.server is not None:
+            self.server.stop()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _app_name(worker: str) -> str:
+    return f"coordination-chaos-{os.getpid()}-{worker}"
+
+
+def _import_roots() -> Iterator[str]:
+    """Directories the worker needs on its path: this package's and the settings'."""
+    import coordination
+
+    yield str(Path(coordination.__file__).resolve().parent.parent)
+    spec = importlib.util.find_spec(settings.SETTINGS_MODULE.partition(".")[0])
+    if spec is not None and spec.origin:
+        yield str(Path(spec.origin).resolve().parent.parent)
+    yield os.getcwd()
+    yield from (path for path in os.environ.get("PYTHONPATH", "").split(os.pathsep) if path)
+
+
+def _terminate(cursor: Any, application_name: str) -> int:
+    # Only backends of this run's own database, and only the worker's.
+    cursor.execute(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND application_name = %s",
+        [application_name],
+    )
+    return int(cursor.fetchone()[0])
+
+
+def _observe(alias: str, keys: list[str], accounts: list[int]) -> list[tuple[str, int, int]]:
+    """The counters and watermarks of the run's locks and resources, right now."""
+    from coordination.models import Fence, Lock
+    from project.demo.models import Account
+
+    locks = Lock.objects.using(alias).filter(key__in=keys).values_list("key", "token")
+    fences = Fence.objects.using(alias).filter(lock_key__in=keys).values_list("resource", "token", "step")
+    rows = Account.objects.using(alias).filter(pk__in=accounts).values_list("pk", "fence", "fence_step")
+    return (
+        [(f"lock:{key}", token, 0) for key, token in locks]
+        + [(f"fence:{resource}", token, step) for resource, token, step in fences]
+        + [(f"account:{pk}", fence, step) for pk, fence, step in rows]
+    )
+
+
+
+

@@ -1,0 +1,284 @@
+"""One chaos worker: a plain process using the Python API with its own connection.
+
+Started by the controller as ``python -m coordination.chaos.worker CONFIG.json``.
+It loops: acquire one of the keys, do fenced writes to the resources that key
+guards (the demo Account row, a Fence-guarded ledger record, a document of the
+fenced store when it is installed), maybe renew, release. Each operation is
+logged before and after (see :mod:`coordination.chaos.history`).
+
+With ``fencing`` off (the negative control) the same writes are plain updates.
+
+A database error mid-call (the connection was terminated, the server restarted)
+makes the outcome unknown: the write may or may not have committed. The worker
+closes the connection, so Django reconnects on the next query, and goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .history import HistoryWriter, iso
+
+# Phases the controller reads from the phase file, to pause a worker while it
+# holds a lease and has not written yet: the pause then straddles its expiry.
+IDLE, HOLDING = b"-", b"H"
+
+
+class Worker:
+    def __init__(self, config: dict[str, Any]) -> None:
+        from django.db import connections
+
+        self.config = config
+        self.name: str = config["worker"]
+        self.number: int = int(config["number"])
+        self.keys: list[int] = list(config["accounts"])
+        self.ttl: float = float(config["ttl"])
+        self.fencing: bool = bool(config["fencing"])
+        self.documents: bool = bool(config.get("documents"))
+        self.rng = random.Random(config["seed"])
+        self.history = HistoryWriter(config["history"])
+        self.phase_fd = os.open(config["phase"], os.O_RDWR | os.O_CREAT, 0o644)
+        self.connection = connections["default"]
+        self.ops = 0
+        self.writes = 0
+        self.stopping = False
+
+    # --- logging around every call ------------------------------------------
+
+    def perform(self, op: str, fields: dict[str, Any], call: Callable[[], dict[str, Any]]) -> tuple[str, Any]:
+        from django.db import DatabaseError, InterfaceError
+
+        from coordination.exceptions import CoordinationError, LeaseLost, LockHeld, StaleToken
+
+        self.ops += 1
+        op_id = f"{self.name}-{self.ops}"
+        self.history.write({"type": "invoke", "id": op_id, "op": op, "worker": self.name, **fields})
+        done: dict[str, Any] = {"type": "complete", "id": op_id}
+        try:
+            result = call()
+        except CoordinationError as error:
+            done.update(outcome="refused", reason=error.code)
+            if isinstance(error, LockHeld):
+                done.update(holder=error.holder, expires_at=iso(error.expires_at))
+            elif isinstance(error, StaleToken):
+                done["watermark"] = [error.current_token, error.current_step]
+            elif hasattr(error, "current_step"):
+                done["watermark"] = [fields.get("token"), error.current_step]
+            if isinstance(error, LeaseLost):
+                done["db_time"] = self.database_time()
+            self.history.write(done)
+            return "refused", error
+        except (DatabaseError, InterfaceError) as error:
+            done.update(outcome="unknown", error=f"{type(error).__name__}: {error}"[:300])
+            self.history.write(done)
+            self.reconnect()
+            return "unknown", error
+        done.update(outcome="ok", **result)
+        self.history.write(done)
+        return "ok", result
+
+    def database_time(self) -> str | None:
+        from django.db import DatabaseError, InterfaceError
+
+        from coordination import locks
+
+        try:
+            return iso(locks.database_now())
+        except (DatabaseError, InterfaceError):
+            self.reconnect()
+            return None
+
+    def reconnect(self) -> None:
+        # Django opens a new connection on the next query once this one is closed.
+        with contextlib.suppress(Exception):
+            self.connection.close()
+        time.sleep(self.rng.uniform(0.05, 0.2))
+
+    def set_phase(self, phase: bytes) -> None:
+        os.pwrite(self.phase_fd, phase, 0)
+
+    # --- the workload -------------------------------------------------------------
+
+    def run(self) -> None:
+        while not self.stopping:
+            self.cycle()
+        self.set_phase(IDLE)
+        self.history.close()
+
+    def cycle(self) -> None:
+        from coordination import locks
+
+        pk = self.rng.choice(self.keys)
+        key = f"account:{pk}"
+
+        def acquire() -> dict[str, Any]:
+            grant = locks.acquire(key, holder=self.name, ttl=self.ttl, wait=self.ttl * 2)
+            holder["grant"] = grant
+            return {
+                "token": grant.token, "holder": grant.holder,
+                "acquired_at": iso(grant.acquired_at), "expires_at": iso(grant.expires_at),
+            }
+
+        holder: dict[str, Any] = {}
+        outcome, _ = self.perform("acquire", {"key": key}, acquire)
+        if outcome != "ok":
+            return
+        grant = holder["grant"]
+        self.set_phase(HOLDING)
+        try:
+            # "Work" before writing: a pause here is the seed's timeline, A holds
+            # token 41, stops, its lease expires, B gets 42 and writes, A resumes.
+            time.sleep(self.rng.uniform(0.0, self.ttl * 0.3))
+            self.write_account(grant, pk)
+            if self.rng.random() < 0.5:
+                self.renew(grant)
+            self.write_ledger(grant, pk)
+            if self.documents:
+                self.write_document(grant, pk)
+        finally:
+            self.set_phase(IDLE)
+        self.release(grant)
+
+    def renew(self, grant: Any) -> None:
+        from coordination import locks
+
+        def renew() -> dict[str, Any]:
+            locks.renew(grant, ttl=self.ttl)
+            return {"expires_at": iso(grant.expires_at)}
+
+        self.perform("renew", {"key": grant.key, "token": grant.token}, renew)
+
+    def release(self, grant: Any) -> None:
+        from coordination import locks
+
+        def release() -> dict[str, Any]:
+            locks.release(grant)
+            return {"ended_at": iso(grant.ended_at), "end_reason": str(grant.end_reason)}
+
+        self.perform("release", {"key": grant.key, "token": grant.token}, release)
+
+    def next_value(self) -> int:
+        self.writes += 1
+        return self.number * 1_000_000 + self.writes
+
+    def write_fields(self, grant: Any, resource: str, step: int, value: int, **extra: Any) -> dict[str, Any]:
+        return {"key": grant.key, "token": grant.token, "step": step, "resource": resource,
+                "value": value, **extra}
+
+    def write_account(self, grant: Any, pk: int) -> None:
+        from project.demo.models import Account
+
+        step, value = grant.next_step(), self.next_value()
+
+        def write() -> dict[str, Any]:
+            rows = Account.objects.filter(pk=pk)
+            if self.fencing:
+                rows.fenced_update(grant, step=step, balance=value)
+            else:
+                rows.update(balance=value, fence=grant.token, fence_step=step)
+            return {}
+
+        self.perform("write", self.write_fields(grant, f"account:{pk}", step, value), write)
+
+    def write_ledger(self, grant: Any, pk: int) -> None:
+        """A Fence-guarded side effect: a ledger record committed with the watermark."""
+        resource = f"ledger:{pk}"
+        step, value = grant.next_step(), self.next_value()
+        fields = self.write_fields(grant, resource, step, value)
+        outcome, _ = self.perform("write", fields, lambda: self.ledger_write(grant, resource, step, value))
+        if outcome == "unknown" and not self.stopping:
+            # Same-token retry of the same step: the fence says whether the first
+            # attempt committed (duplicate_write) or not (accepted now).
+            retry = {**fields, "retry": True}
+            self.perform("write", retry, lambda: self.ledger_write(grant, resource, step, value))
+
+    def ledger_write(self, grant: Any, resource: str, step: int, value: int) -> dict[str, Any]:
+        from django.db import transaction
+
+        from coordination import fencing
+        from coordination.models import Fence, IdempotencyRecord
+
+        record = f"chaos:{resource}:{grant.token}:{step}"
+        if self.fencing:
+            with fencing.fence(resource, grant, step=step):
+                fencing.idempotent(record, lambda: {"value": value})
+            return {}
+        with transaction.atomic():
+            Fence.objects.get_or_create(resource=resource, defaults={"lock_key": grant.key})
+            Fence.objects.filter(resource=resource).update(token=grant.token, step=step)
+            IdempotencyRecord.objects.update_or_create(
+                key=record, defaults={"result": {"value": value}, "completed": True}
+            )
+        return {}
+
+    def write_document(self, grant: Any, pk: int) -> None:
+        """A write through the fenced document store (the REST fencing proxy's core)."""
+        from django.db import transaction
+
+        from coordination import documents
+        from coordination.models import Document, Fence
+
+        name = f"chaos-{pk}"
+        resource = documents.document_resource(name)
+        step, value = grant.next_step(), self.next_value()
+
+        def write() -> dict[str, Any]:
+            if self.fencing:
+                documents.put_document(name, grant, {"value": value}, step=step)
+                return {}
+            with transaction.atomic():
+                row, _ = Fence.objects.get_or_create(resource=resource, defaults={"lock_key": grant.key})
+                Fence.objects.filter(pk=row.pk).update(token=grant.token, step=step)
+                Document.objects.update_or_create(
+                    name=name, defaults={"fence": row, "data": {"value": value}}
+                )
+            return {}
+
+        self.perform("write", self.write_fields(grant, resource, step, value), write)
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this worker when the controller dies, however it dies."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    with open(argv[0], encoding="utf-8") as source:
+        config = json.load(source)
+    _die_with_parent()
+    if os.getppid() != int(config["parent"]):
+        return 1  # the controller is already gone
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", config["settings"])
+    os.environ["COORDINATION_LOG_LEVEL"] = "ERROR"
+    from django.conf import settings
+
+    settings.DATABASES["default"] = config["database"]
+    import django
+
+    django.setup()
+    worker = Worker(config)
+
+    def stop(signum: int, frame: Any) -> None:
+        worker.stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the controller decides when to stop
+    worker.run()
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
