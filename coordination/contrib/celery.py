@@ -1,0 +1,263 @@
+"""Celery tasks that carry their fencing token into the writes they make.
+
+::
+
+    from coordination.contrib.celery import fenced_task
+
+    @fenced_task(lock="account:{account_id}", ttl=30)
+    def settle(account_id):
+        ...   # long work: the lease is kept alive meanwhile
+        Account.objects.filter(pk=account_id).fenced_update(balance=new)  # this execution's token
+
+Every execution (first run, retry, autoretry, broker redelivery) acquires a new
+grant, so a copy that stalled past its lease (GC, VM pause, SIGSTOP) and wakes up
+late writes with an older token than the copy that ran after it, and the fence
+refuses it. See ``docs/celery.md`` for the options and what fencing does not do.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable
+from typing import Any, TypeVar, cast, get_args, overload
+
+from celery import Task, shared_task
+from celery._state import _task_stack  # type: ignore[attr-defined]
+
+from .. import locks, signals
+from ..conf import app_settings
+from ..exceptions import InvalidInput, LockHeld
+from ..models import Grant, Lock
+from .execution import (
+    LockSpec,
+    OnBusy,
+    Skipped,
+    fenced_execution,
+    holder_name,
+    lock_key_for,
+    skipped,
+)
+
+__all__ = ["ENQUEUE_TOKEN_HEADER", "FencedTask", "Skipped", "fenced_task", "supersede_key"]
+
+logger = logging.getLogger("coordination.tasks")
+
+ENQUEUE_TOKEN_HEADER = "coordination_enqueue_token"
+"""Message header of a supersede-mode task: the token its producer took at enqueue."""
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def supersede_key(key: str) -> str:
+    """The lock whose tokens number the enqueues of ``key`` in supersede mode."""
+    return f"supersede:{key}"
+
+
+class FencedTask(Task):  # type: ignore[type-arg]  # the body's signature is not known here
+    """Base class of fenced tasks: each execution runs under a new grant of its lock.
+
+    Configured by class attributes, which ``fenced_task`` sets from its arguments:
+    ``fenced_lock`` (template or callable over the task's arguments),
+    ``fenced_ttl``, ``fenced_wait``, ``fenced_on_busy``, ``fenced_keepalive`` and
+    ``fenced_supersede``.
+    """
+
+    abstract = True
+    fenced_lock: LockSpec | None = None
+    fenced_ttl: float | None = None
+    fenced_wait: float = 0.0
+    fenced_on_busy: OnBusy = "retry"
+    fenced_keepalive: bool = True
+    fenced_supersede: bool = False
+
+    @property
+    def grant(self) -> Grant | None:
+        """The grant of the execution running now, or None outside it."""
+        return cast(Grant | None, getattr(self.request, "coordination_grant", None))
+
+    def lock_key(self, args: Any = (), kwargs: Any = None) -> str:
+        """The lock key of a call with ``args`` and ``kwargs``."""
+        if self.fenced_lock is None:
+            raise InvalidInput(f"fenced task {self.name} declares no lock")
+        return lock_key_for(self.fenced_lock, self.run, tuple(args or ()), dict(kwargs or {}))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.request_stack.top is None:
+            # Called as a plain function: set up the request the way Task.__call__
+            # does. From a worker the tracer has pushed the real request (with the
+            # id, retries and headers), and Task.__call__ would hide it behind an
+            # empty one, so the body is run directly.
+            _task_stack.push(self)
+            self.push_request(args=args, kwargs=kwargs)
+            try:
+                return self._run_fenced(args, kwargs)
+            finally:
+                self.pop_request()
+                _task_stack.pop()
+        return self._run_fenced(args, kwargs)
+
+    def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:  # type: ignore[override]
+        """Send the task; in supersede mode, first number this enqueue of its key.
+
+        A retry keeps the number of the enqueue it retries (it travels in the
+        request's headers), so a later enqueue supersedes the retry too.
+        """
+        if self.fenced_supersede:
+            headers = dict(options.get("headers") or {})
+            if ENQUEUE_TOKEN_HEADER not in headers:
+                key = self.lock_key(args, kwargs)
+                ticket = locks.acquire(
+                    supersede_key(key), holder=f"enqueue {self.name}", ttl=5.0, wait=10.0
+                )
+                locks.release(ticket)
+                headers[ENQUEUE_TOKEN_HEADER] = ticket.token
+                options["headers"] = headers
+        return super().apply_async(args, kwargs, **options)
+
+    # --- one execution ----------------------------------------------------------
+
+    def _run_fenced(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        request = self.request
+        key = self.lock_key(args, kwargs)
+        if self.fenced_supersede and (passed := self._superseded(key)) is not None:
+            return passed
+        holder = holder_name(self.name, request.id, request.retries + 1)
+        try:
+            with fenced_execution(
+                key,
+                holder=holder,
+                ttl=self.fenced_ttl,
+                wait=self.fenced_wait,
+                keepalive=self.fenced_keepalive,
+            ) as grant:
+                if self.fenced_supersede and (passed := self._superseded(key)) is not None:
+                    return passed
+                request.coordination_grant = grant  # type: ignore[attr-defined]
+                return self.run(*args, **kwargs)
+        except LockHeld as held:
+            if getattr(request, "coordination_grant", None) is not None:
+                raise  # raised by the body (a lock it takes itself), not by our acquire
+            return self._on_busy(key, held)
+
+    def _on_busy(self, key: str, held: LockHeld) -> Skipped:
+        if self.fenced_on_busy == "raise":
+            raise held
+        if self.fenced_on_busy == "skip":
+            logger.warning("task %s[%s] skipped: %s", self.name, self.request.id, held.detail)
+            signals.task_skipped.send(
+                sender=type(self), task=self, key=key, reason="lock_held", error=held
+            )
+            return skipped("lock_held", key, held.detail)
+        # The holder's own remaining lease (database time), plus jitter so that
+        # tasks waiting for the same key do not all come back at once.
+        countdown = held.retry_after + random.uniform(0.05, 0.05 + min(1.0, 0.25 * held.retry_after))
+        logger.info(
+            "task %s[%s] retries in %.2f s: %s", self.name, self.request.id, countdown, held.detail
+        )
+        raise self.retry(exc=held, countdown=countdown)
+
+    def _superseded(self, key: str) -> Skipped | None:
+        ticket = self._enqueue_token()
+        if ticket is None:
+            return None
+        latest = (
+            Lock.objects.using(app_settings.DATABASE)
+            .filter(key=supersede_key(key))
+            .values_list("token", flat=True)
+            .first()
+        )
+        if latest is None or ticket >= latest:
+            return None
+        detail = f"enqueue {ticket} of {key!r} was superseded by enqueue {latest}; not running"
+        logger.info("task %s[%s] %s", self.name, self.request.id, detail)
+        signals.task_skipped.send(sender=type(self), task=self, key=key, reason="superseded", error=None)
+        return skipped("superseded", key, detail)
+
+    def _enqueue_token(self) -> int | None:
+        request = self.request
+        value = request.get(ENQUEUE_TOKEN_HEADER) or (request.headers or {}).get(ENQUEUE_TOKEN_HEADER)
+        try:
+            return None if value is None else int(value)
+        except (TypeError, ValueError):
+            logger.warning(
+                "task %s[%s] has a malformed %s header", self.name, request.id, ENQUEUE_TOKEN_HEADER
+            )
+            return None
+
+
+@overload
+def fenced_task(__func: _F) -> Any: ...
+
+
+@overload
+def fenced_task(
+    *,
+    lock: LockSpec,
+    ttl: float | None = None,
+    wait: float = 0.0,
+    on_busy: OnBusy = "retry",
+    keepalive: bool = True,
+    supersede: bool = False,
+    app: Any = None,
+    **options: Any,
+) -> Callable[[_F], Any]: ...
+
+
+def fenced_task(
+    __func: Callable[..., Any] | None = None,
+    *,
+    lock: LockSpec | None = None,
+    ttl: float | None = None,
+    wait: float = 0.0,
+    on_busy: OnBusy = "retry",
+    keepalive: bool = True,
+    supersede: bool = False,
+    app: Any = None,
+    **options: Any,
+) -> Any:
+    """Declare a Celery task whose every execution runs under a new grant of ``lock``.
+
+    - ``lock``: key template over the task's arguments (``"account:{account_id}"``)
+      or a callable taking the task's arguments and returning the key.
+    - ``ttl``: lease in seconds (default ``COORDINATION["DEFAULT_TTL"]``), renewed
+      every ``ttl / 3`` by a keep-alive thread unless ``keepalive=False``.
+    - ``wait``: seconds to wait for a busy lock in the worker before ``on_busy``.
+    - ``on_busy``: ``"retry"`` (default: ``task.retry`` with a countdown of the
+      holder's remaining lease plus jitter, counted against ``max_retries``),
+      ``"skip"`` (return a :class:`Skipped` result, log, send
+      ``signals.task_skipped``) or ``"raise"`` (fail with ``LockHeld``).
+    - ``supersede``: the producer numbers each enqueue of the key (a message
+      header); a worker runs a message only if no later enqueue of the key
+      exists, and acks older ones with a ``Skipped`` result (latest wins).
+    - ``app``: register on this Celery app (default: ``shared_task``).
+
+    Other keyword arguments are Celery task options (``bind``, ``acks_late``,
+    ``max_retries``, ``autoretry_for``...). In a bound task, ``self.grant`` is the
+    execution's grant; in any task, ``locks.current_grant()`` is, and the fenced
+    writes of :mod:`coordination.fencing` use it when given none.
+    """
+    if __func is not None:
+        raise TypeError("fenced_task needs a lock: @fenced_task(lock='account:{account_id}')")
+    if lock is None or not (isinstance(lock, str) or callable(lock)):
+        raise InvalidInput("fenced_task(lock=...) must be a key template or a callable")
+    if on_busy not in get_args(OnBusy):
+        raise InvalidInput(f"on_busy must be one of {', '.join(get_args(OnBusy))}, not {on_busy!r}")
+    if options.get("base") is not None and not issubclass(options["base"], FencedTask):
+        raise InvalidInput("a fenced task's base must be a subclass of FencedTask")
+    options.setdefault("base", FencedTask)
+    options.update(
+        fenced_lock=staticmethod(lock) if callable(lock) else lock,
+        fenced_ttl=ttl,
+        fenced_wait=wait,
+        fenced_on_busy=on_busy,
+        fenced_keepalive=keepalive,
+        fenced_supersede=supersede,
+    )
+    register = shared_task if app is None else app.task
+
+    def decorate(func: _F) -> Any:
+        return register(**options)(func)
+
+    return decorate
+
