@@ -16,6 +16,8 @@ Defaults (override any key in your settings)::
         "API_THROTTLE_RATE": "1200/minute",  # REST requests per user; None: no limit
         "API_MAX_BODY_BYTES": 1048576,  # larger REST request bodies get 413
         "API_PAGE_SIZE": 100,       # items per page of REST lists (?page_size= up to 1000)
+        "METRICS_PUBLIC": False,    # /metrics for anyone; else staff users or METRICS_TOKEN
+        "METRICS_TOKEN": "",        # "Authorization: Bearer <token>" a scraper may send
     }
 """
 
@@ -40,6 +42,8 @@ DEFAULTS: dict[str, Any] = {
     "API_THROTTLE_RATE": "1200/minute",
     "API_MAX_BODY_BYTES": 1048576,
     "API_PAGE_SIZE": 100,
+    "METRICS_PUBLIC": False,
+    "METRICS_TOKEN": "",
 }
 
 
