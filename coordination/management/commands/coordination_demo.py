@@ -1,0 +1,358 @@
+"""``manage.py coordination_demo``: the seed's timeline with two real Celery workers.
+
+::
+
+    t0  A acquire -> lease=1s, token=n
+    t1  A pause (SIGSTOP) for longer than its lease
+    t2  lease expires (database clock)
+    t3  B acquire -> token=n+1 -> write accepted
+    t4  A resumes (SIGCONT) -> token=n -> write rejected as stale; B's balance stays
+
+Worker A and worker B are ``celery worker`` processes started by this command on
+the configured broker, each on a queue of its own (so no other worker, such as
+the one ``bin/run`` starts, takes their tasks). Both run the demo's
+``deposit`` task, a read-modify-write of one account's balance. With
+``--no-fencing`` the same writes are plain UPDATEs: A's late write silently
+overwrites B's, the lost update that the lease alone cannot prevent.
+
+Exit status: 0 when the outcome is safe (B's balance stands, A's write was
+refused); 1 when it is not (always the case with ``--no-fencing``: that variant
+exists to show the lost update); 2 when the demo could not run (a worker did
+not start, a step timed out).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connections
+
+from coordination import locks
+from coordination.conf import app_settings
+from coordination.models import Rejection
+
+DEMO_AMOUNTS = {"A": Decimal("50.00"), "B": Decimal("20.00")}
+START_TIMEOUT = 90.0
+
+
+def database_url(settings_dict: dict[str, Any]) -> str:
+    """A ``DATABASE_URL`` naming the database ``settings_dict`` points at (PostgreSQL or SQLite).
+
+    Workers started by the demo (and by the test suite) use it, so they write to
+    the very database this process uses, the test database included.
+    """
+    engine = str(settings_dict["ENGINE"])
+    name = str(settings_dict["NAME"])
+    if "sqlite" in engine:
+        return f"sqlite:///{Path(name).resolve()}"
+    if "postgresql" not in engine:
+        raise CommandError(f"the demo runs on PostgreSQL or SQLite, not {engine}")
+    user = quote(str(settings_dict.get("USER") or ""), safe="")
+    password = quote(str(settings_dict.get("PASSWORD") or ""), safe="")
+    credentials = f"{user}:{password}@" if password else f"{user}@" if user else ""
+    host = str(settings_dict.get("HOST") or "localhost")
+    port = f":{settings_dict['PORT']}" if settings_dict.get("PORT") else ""
+    return f"postgres://{credentials}{host}{port}/{quote(name, safe='')}"
+
+
+def worker_environment(broker_url: str, alias: str | None = None) -> dict[str, str]:
+    """The environment of a worker process pointed at this process's database and broker."""
+    env = dict(os.environ)
+    env["DATABASE_URL"] = database_url(connections[alias or app_settings.DATABASE].settings_dict)
+    env["CELERY_BROKER_URL"] = broker_url
+    env.setdefault("DJANGO_SETTINGS_MODULE", os.environ.get("DJANGO_SETTINGS_MODULE", ""))
+    root = str(getattr(settings, "BASE_DIR", os.getcwd()))
+    env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
+class DemoFailed(CommandError):
+    """The demo could not run to its end (exit status 2)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, returncode=2)
+
+
+class Command(BaseCommand):
+    help = (
+        "Run the seed's fencing timeline with two real Celery workers: A pauses past its "
+        "lease, B takes the lock and writes, A's late write is rejected. Exit 0 only if safe."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--no-fencing", action="store_true",
+            help="write with a plain UPDATE instead of fenced_update, to show the lost update "
+            "(exits 1: the outcome is unsafe by design)",
+        )
+        parser.add_argument("--json", metavar="PATH", help="also write the timeline and outcome as JSON")
+        parser.add_argument(
+            "--pause", type=float, default=2.5,
+            help="seconds worker A stays paused (SIGSTOP); at least its 1 s lease plus B's turn",
+        )
+        parser.add_argument(
+            "--celery-app", default="",
+            help="the Celery app module the workers load (default: the current app's main module)",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        from celery import current_app
+
+        try:
+            from project.demo.models import Account
+            from project.demo.tasks import DEMO_QUEUES, DEMO_TTL, deposit
+        except (ImportError, RuntimeError) as error:
+            raise DemoFailed(f"the demo needs the project.demo app installed: {error}") from None
+
+        fencing = not options["no_fencing"]
+        app_name = options["celery_app"] or current_app.main or "project"
+        run_dir = Path(tempfile.mkdtemp(prefix="coordination-demo-"))
+        events = run_dir / "events.jsonl"
+        events.touch()
+        resume = run_dir / "resume-A"
+        account = Account.objects.create(owner="coordination demo", balance=Decimal("100.00"))
+        vendor = connections[app_settings.DATABASE].vendor
+        broker = str(current_app.conf.broker_url or "")
+        self._say(
+            f"coordination demo: fencing {'ON' if fencing else 'OFF (--no-fencing)'}, "
+            f"database {vendor}, broker {broker.split('://', 1)[0]}, "
+            f"account #{account.pk} balance {account.balance}"
+        )
+        workers = Workers(app_name, broker, run_dir)
+        self._install_sigterm()
+        timeline: list[dict[str, Any]] = []
+        result: dict[str, Any] = {
+            "fencing": fencing, "database": vendor, "broker": broker.split("://", 1)[0],
+            "account": account.pk, "lease_seconds": DEMO_TTL, "timeline": timeline,
+        }
+        started = time.monotonic()
+        try:
+            for name in ("A", "B"):
+                workers.start(name, DEMO_QUEUES[name])
+            reader = EventReader(events)
+
+            def send(name: str, **extra: Any) -> None:
+                deposit.apply_async(
+                    (account.pk, str(DEMO_AMOUNTS[name])),
+                    {"worker": name, "report_to": str(events), "fencing": fencing, **extra},
+                    queue=DEMO_QUEUES[name], expires=START_TIMEOUT + 60,
+                )
+
+            send("A", resume_file=str(resume))
+            acquired_a = reader.wait("A", {"acquired"}, START_TIMEOUT, workers)
+            t0 = dt.datetime.fromisoformat(acquired_a["at"])
+            if int(acquired_a["pid"]) != workers.pid("A"):
+                raise DemoFailed(
+                    f"worker A ran the task in pid {acquired_a['pid']}, not in its own process "
+                    f"{workers.pid('A')}: start it with --pool=solo"
+                )
+            token_a = int(acquired_a["token"])
+            wanted_a = Decimal(acquired_a["read"]) + DEMO_AMOUNTS["A"]
+
+            def mark(label: str, at: dt.datetime, text: str, **fields: Any) -> None:
+                offset = (at - t0).total_seconds()
+                timeline.append({"step": label, "at": at.isoformat(), "offset": round(offset, 3),
+                                 "text": text, **fields})
+                self._say(f"{label}  +{offset:6.3f}s  {text}")
+
+            mark(
+                "t0", t0, f"A acquire -> lease={DEMO_TTL:g}s, token={token_a} "
+                f"(worker A pid {acquired_a['pid']} reads balance {acquired_a['read']})",
+                worker="A", token=token_a,
+            )
+            workers.pause("A")
+            paused_at = locks.database_now()
+            mark("t1", paused_at, f"A pause (SIGSTOP) {options['pause']:g}s, "
+                 f"before writing {acquired_a['read']} + {DEMO_AMOUNTS['A']} = {wanted_a}", worker="A")
+            expires_at = dt.datetime.fromisoformat(acquired_a["expires_at"])
+            _wait_for_database_time(expires_at)
+            mark("t2", expires_at, "lease expires (database clock)")
+            resume.touch()  # A reads it once it runs again
+
+            send("B")
+            acquired_b = reader.wait("B", {"acquired"}, START_TIMEOUT, workers)
+            written_b = reader.wait("B", {"written", "rejected"}, 30, workers)
+            token_b = int(written_b["token"])
+            if written_b["event"] != "written":
+                raise DemoFailed(f"B's write was refused: {written_b.get('detail')}")
+            balance_b = Decimal(written_b["balance"])
+            mark(
+                "t3", dt.datetime.fromisoformat(written_b["at"]),
+                f"B acquire -> token={token_b} -> storage accepts "
+                f"({acquired_b['read']} + {DEMO_AMOUNTS['B']} = {balance_b})",
+                worker="B", token=token_b, outcome="accepted", balance=str(balance_b),
+            )
+
+            time.sleep(max(0.0, options["pause"] - (time.monotonic() - workers.paused_since("A"))))
+            workers.resume("A")
+            resumed_at = locks.database_now()
+            outcome_a = reader.wait("A", {"written", "rejected"}, 30, workers)
+            final = Account.objects.get(pk=account.pk).balance
+            if outcome_a["event"] == "rejected":
+                verdict = f"storage rejects: {outcome_a['code']}"
+            else:
+                verdict = f"storage accepts: balance {outcome_a['balance']} overwrites B's {balance_b}"
+            mark(
+                "t4", resumed_at, f"A resumes (SIGCONT) -> token={token_a} -> {verdict}",
+                worker="A", token=token_a,
+                outcome="rejected" if outcome_a["event"] == "rejected" else "accepted",
+                code=outcome_a.get("code", ""),
+            )
+        except DemoFailed as failure:
+            self._say(f"demo failed: {failure}; worker logs kept in {run_dir}")
+            raise
+        finally:
+            workers.stop_all()
+
+        safe = outcome_a["event"] == "rejected" and final == balance_b
+        rejection = (
+            Rejection.objects.filter(lock_key=f"account:{account.pk}", token=token_a)
+            .order_by("-id").first()
+        )
+        result.update(
+            safe=safe, tokens={"A": token_a, "B": token_b}, balance=str(final),
+            balance_b=str(balance_b), balance_a_wanted=str(wanted_a),
+            rejection=rejection.pk if rejection else None,
+            seconds=round(time.monotonic() - started, 2),
+        )
+        if safe:
+            self._say(
+                f"outcome: SAFE. balance {final} is B's; A's late write with token {token_a} was "
+                f"rejected (Rejection #{result['rejection']}). The grants and the rejection are in "
+                "the admin: Coordination > Grants, Rejections."
+            )
+        elif fencing:
+            self._say(f"outcome: UNSAFE. balance {final}, B wrote {balance_b}: the fence did not hold")
+        else:
+            self._say(
+                f"outcome: LOST UPDATE. balance {final}: A's late plain UPDATE (from its stale read) "
+                f"overwrote B's {balance_b}, B's deposit of {DEMO_AMOUNTS['B']} is gone. "
+                "The lease alone did not stop A; run without --no-fencing to see the fence refuse it."
+            )
+        if options["json"]:
+            Path(options["json"]).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        shutil.rmtree(run_dir, ignore_errors=True)
+        if not safe:
+            raise CommandError("the outcome is unsafe" + (" (as --no-fencing shows)" if not fencing else ""))
+
+    def _say(self, line: str) -> None:
+        self.stdout.write(line)
+        self.stdout.flush()
+
+    def _install_sigterm(self) -> None:
+        # bin/run stops the demo with SIGTERM: unwind, so the workers are stopped too.
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, _exit_on_sigterm)
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _wait_for_database_time(moment: dt.datetime, margin: float = 0.05) -> None:
+    deadline = time.monotonic() + 30
+    while locks.database_now() <= moment + dt.timedelta(seconds=margin):
+        if time.monotonic() > deadline:
+            raise DemoFailed(f"the database clock did not pass {moment.isoformat()}")
+        time.sleep(0.02)
+
+
+class EventReader:
+    """Follows the JSON lines the demo task writes, with database times."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.seen: list[dict[str, Any]] = []
+        self._read = 0
+
+    def _poll(self) -> None:
+        lines = self.path.read_text(encoding="utf-8").split("\n")[:-1]  # only complete lines
+        self.seen.extend(json.loads(line) for line in lines[self._read :] if line.strip())
+        self._read = len(lines)
+
+    def wait(self, worker: str, events: set[str], timeout: float, workers: Workers) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            self._poll()
+            for event in self.seen:
+                if event["worker"] == worker and event["event"] in events:
+                    self.seen.remove(event)
+                    return event
+            workers.check_alive()
+            if time.monotonic() > deadline:
+                wanted = "/".join(sorted(events))
+                raise DemoFailed(f"worker {worker} did not report {wanted} in {timeout:g} s")
+            time.sleep(0.02)
+
+
+class Workers:
+    """The demo's two ``celery worker`` processes (solo pool, one queue each)."""
+
+    def __init__(self, app_name: str, broker_url: str, run_dir: Path) -> None:
+        self.app_name = app_name
+        self.env = worker_environment(broker_url)
+        self.run_dir = run_dir
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.paused: dict[str, float] = {}
+
+    def start(self, name: str, queue: str) -> None:
+        log = open(self.run_dir / f"worker-{name}.log", "wb")  # noqa: SIM115  (closed with the process)
+        command = [
+            sys.executable, "-m", "celery", "-A", self.app_name, "worker", "--pool=solo",
+            "-Q", queue, "-n", f"demo-{name.lower()}-{uuid.uuid4().hex[:8]}@%h",
+            "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "INFO",
+        ]
+        self.processes[name] = subprocess.Popen(
+            command, env=self.env, cwd=self.env["PYTHONPATH"].split(os.pathsep)[0],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        )
+        log.close()
+
+    def pid(self, name: str) -> int:
+        return self.processes[name].pid
+
+    def pause(self, name: str) -> None:
+        os.kill(self.pid(name), signal.SIGSTOP)
+        self.paused[name] = time.monotonic()
+
+    def paused_since(self, name: str) -> float:
+        return self.paused[name]
+
+    def resume(self, name: str) -> None:
+        os.kill(self.pid(name), signal.SIGCONT)
+        self.paused.pop(name, None)
+
+    def check_alive(self) -> None:
+        for name, process in self.processes.items():
+            if process.poll() is not None:
+                log = (self.run_dir / f"worker-{name}.log").read_text(errors="replace")[-2000:]
+                raise DemoFailed(f"worker {name} exited with status {process.returncode}:\n{log}")
+
+    def stop_all(self) -> None:
+        for name, process in self.processes.items():
+            if process.poll() is None:
+                if name in self.paused:
+                    os.kill(process.pid, signal.SIGCONT)
+                process.terminate()
+        for process in self.processes.values():
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
