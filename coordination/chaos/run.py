@@ -132,7 +132,8 @@ class ChaosRun:
                 next_sample = now + 0.3
             if kinds and now >= next_fault:
                 kind = pending.pop() if pending else self._weighted_fault(kinds)
-                self._inject(kind)
+                if not self._inject(kind) and kind not in pending:
+                    pending.append(kind)  # no worker to pause now: try it again next time
                 next_fault = time.monotonic() + self._fault_gap()
             time.sleep(0.02)
         self._stop_workers()
@@ -270,13 +271,14 @@ class ChaosRun:
 
     # --- faults ------------------------------------------------------------------
 
-    def _inject(self, kind: str) -> None:
+    def _inject(self, kind: str) -> bool:
+        """Inject one fault of ``kind``; False if there was nothing to inject it into."""
         assert self.log is not None
         fault: dict[str, Any] = {"type": "fault", "kind": kind}
         if kind == "pause":
             worker = self._pick_holding()
             if worker is None:
-                return
+                return False
             duration = self.rng.uniform(0.5, 3.0) * self.config.ttl
             fault.update(worker=worker.name, seconds=round(duration, 3), holding=worker.holding())
             with contextlib.suppress(ProcessLookupError):
@@ -300,9 +302,9 @@ class ChaosRun:
                 connections[self.alias].close()
             fault["seconds"] = round(self.server.restart(mode), 3)
         self.log.write(fault)
-        if kind != "pause" or "worker" in fault:
-            self._say(f"chaos: t+{time.monotonic() - self.started:5.1f}s fault {kind} "
-                      f"{fault.get('worker', '')}".rstrip())
+        self._say(f"chaos: t+{time.monotonic() - self.started:5.1f}s fault {kind} "
+                  f"{fault.get('worker', '')}".rstrip())
+        return True
 
     def _pick_holding(self) -> WorkerProcess | None:
         """A running worker that holds a lease and has not written yet, if one shows up
