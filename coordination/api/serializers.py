@@ -132,13 +132,21 @@ class AcquireRequest(StrictSerializer):
     holder = StrictCharField(
         min_length=1, max_length=HOLDER_MAX_LENGTH, help_text="Who takes the lock (1 to 200 characters)."
     )
-    ttl = StrictSecondsField(help_text="Lease length in seconds (> 0, within COORDINATION MIN_TTL..MAX_TTL).")
-    wait = StrictSecondsField(
-        required=False,
-        default=0.0,
-        min_value=0.0,
-        help_text="Seconds to wait for a held lock (>= 0, at most COORDINATION API_MAX_WAIT).",
-    )
+
+    def get_fields(self) -> dict[str, serializers.Field[Any, Any, Any, Any]]:
+        # The bounds are settings, read per request (never at import), so the schema
+        # shows the ones in force.
+        fields = super().get_fields()
+        fields["ttl"] = _ttl_field(help_text="Lease length in seconds (COORDINATION MIN_TTL..MAX_TTL).")
+        fields["wait"] = StrictSecondsField(
+            required=False,
+            default=0.0,
+            min_value=0.0,
+            max_value=_max_wait(),
+            help_text="Seconds to wait for a held lock (default 0: answer at once; "
+            "at most COORDINATION API_MAX_WAIT).",
+        )
+        return fields
 
     def validate_holder(self, value: str) -> str:
         try:
@@ -149,19 +157,21 @@ class AcquireRequest(StrictSerializer):
     def validate_ttl(self, value: float) -> float:
         return _ttl(value)
 
-    def validate_wait(self, value: float) -> float:
-        upper = min(float(app_settings.API_MAX_WAIT), float(app_settings.MAX_WAIT))
-        if value > upper:
-            raise serializers.ValidationError(f"Must be at most {upper:g} seconds.", code="max_value")
-        return value
+
+
+def _max_wait() -> float:
+    return min(float(app_settings.API_MAX_WAIT), float(app_settings.MAX_WAIT))
+
+
+def _ttl_field(**kwargs: Any) -> StrictSecondsField:
+    return StrictSecondsField(
+        min_value=float(app_settings.MIN_TTL), max_value=float(app_settings.MAX_TTL), **kwargs
+    )
 
 
 def _ttl(value: float) -> float:
-    lower, upper = float(app_settings.MIN_TTL), float(app_settings.MAX_TTL)
-    if not lower <= value <= upper or value <= 0:
-        raise serializers.ValidationError(
-            f"Must be between {lower:g} and {upper:g} seconds.", code="invalid"
-        )
+    if value <= 0:
+        raise serializers.ValidationError("Must be more than 0 seconds.", code="min_value")
     return value
 
 
@@ -177,9 +187,12 @@ class LeaseProof(StrictSerializer):
 class RenewRequest(LeaseProof):
     """Body of a renew."""
 
-    ttl = StrictSecondsField(
-        required=False, help_text="New lease length in seconds from now (default COORDINATION DEFAULT_TTL)."
-    )
+    def get_fields(self) -> dict[str, serializers.Field[Any, Any, Any, Any]]:
+        fields = super().get_fields()
+        fields["ttl"] = _ttl_field(
+            required=False, help_text="New lease length in seconds from now (default: DEFAULT_TTL)."
+        )
+        return fields
 
     def validate_ttl(self, value: float) -> float:
         return _ttl(value)
