@@ -1,3 +1,5 @@
+import importlib.util
+
 from django.apps import AppConfig
 
 
@@ -17,3 +19,5 @@ class CoordinationConfig(AppConfig):
         signals.write_accepted.connect(
             history.record_accepted_write, sender=Fence, dispatch_uid="coordination.history"
         )
+        if importlib.util.find_spec("prometheus_client") is not None:
+            from . import metrics  # noqa: F401  (counts the signals)

@@ -1,0 +1,228 @@
+"""Prometheus metrics of the grant point and the fences, served by :func:`metrics_view`.
+
+Counters and histograms follow the signals of :mod:`coordination.signals`, so
+they count what committed, in the process where it happened. Lock states are
+gauges read from the database at scrape time, so they are true whichever
+process granted the locks. Mount the view in the site's URLs::
+
+    path("metrics", coordination.metrics.metrics_view)
+
+It is private by default: staff users, or a scraper sending
+``Authorization: Bearer <COORDINATION["METRICS_TOKEN"]>``; set
+``COORDINATION["METRICS_PUBLIC"] = True`` to open it.
+
+With several processes (gunicorn workers, Celery workers) set
+``PROMETHEUS_MULTIPROC_DIR`` for all of them, as prometheus-client documents:
+the view then adds up every process's counters.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hmac
+import os
+from collections.abc import Iterable
+from typing import Any
+
+from django.db import DatabaseError
+from django.db.models import Count, Max, Q
+from django.dispatch import receiver
+from django.http import HttpRequest, HttpResponse
+from django.views.decorators.http import require_GET
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, multiprocess
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import Collector
+
+from . import signals
+from .conf import app_settings
+from .models import DatabaseNow, GrantEnd, Lock, Rejection, RejectionReason
+
+__all__ = ["LockStateCollector", "metrics_view"]
+
+GRANTS = Counter("coordination_grants", "Leases granted: acquire() calls that returned a grant.")
+RENEWALS = Counter("coordination_renewals", "Leases extended by renew().")
+RELEASES = Counter("coordination_releases", "Leases ended by their holder's release().")
+EXPIRIES = Counter(
+    "coordination_expiries",
+    "Leases that ran out without a release (recorded by a late release or the next acquire).",
+)
+REVOCATIONS = Counter("coordination_revocations", "Leases ended by an operator's revoke().")
+LEASES_LOST = Counter(
+    "coordination_leases_lost", "renew() calls that found the lease already gone."
+)
+FENCED_WRITES = Counter(
+    "coordination_fenced_writes",
+    "Fenced writes by outcome: accepted, or the reason of the refusal.",
+    ["outcome"],
+)
+ACQUIRE_WAIT = Histogram(
+    "coordination_acquire_wait_seconds",
+    "Time from the acquire() call to the grant, waiting for the lock included.",
+    buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600),
+)
+LEASE_DURATION = Histogram(
+    "coordination_lease_duration_seconds",
+    "Database time from a grant to its release, revocation or expiry.",
+    buckets=(0.01, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600, 4 * 3600, 24 * 3600),
+)
+
+_ENDINGS: dict[str, Counter] = {
+    GrantEnd.RELEASED: RELEASES, GrantEnd.REVOKED: REVOCATIONS, GrantEnd.EXPIRED: EXPIRIES,
+}
+OUTCOMES = ["accepted", *RejectionReason.values]
+for _outcome in OUTCOMES:
+    FENCED_WRITES.labels(outcome=_outcome)  # exported at 0 before the first one
+
+
+# --- counters, from the signals ------------------------------------------------------
+# Receivers run inside the grant point's and the fences' calls: they only touch
+# in-memory metrics and never raise.
+
+
+@receiver(signals.lock_acquired, dispatch_uid="coordination.metrics.acquired")
+def _count_grant(sender: object, waited: float | None = None, **kwargs: Any) -> None:
+    GRANTS.inc()
+    if isinstance(waited, int | float) and waited >= 0:
+        ACQUIRE_WAIT.observe(waited)
+
+
+@receiver(signals.lock_renewed, dispatch_uid="coordination.metrics.renewed")
+def _count_renewal(sender: object, **kwargs: Any) -> None:
+    RENEWALS.inc()
+
+
+@receiver(signals.lock_released, dispatch_uid="coordination.metrics.released")
+def _count_release(sender: object, grant: Any = None, reason: str = "", **kwargs: Any) -> None:
+    counter = _ENDINGS.get(reason)
+    if counter is not None:
+        counter.inc()
+    _observe_lease(getattr(grant, "acquired_at", None), getattr(grant, "ended_at", None))
+
+
+@receiver(signals.lock_expired, dispatch_uid="coordination.metrics.expired")
+def _count_expiry(
+    sender: object,
+    acquired_at: dt.datetime | None = None,
+    expired_at: dt.datetime | None = None,
+    **kwargs: Any,
+) -> None:
+    EXPIRIES.inc()
+    _observe_lease(acquired_at, expired_at)
+
+
+@receiver(signals.lock_lost, dispatch_uid="coordination.metrics.lost")
+def _count_lost(sender: object, **kwargs: Any) -> None:
+    LEASES_LOST.inc()
+
+
+@receiver(signals.write_accepted, dispatch_uid="coordination.metrics.accepted")
+def _count_accepted(sender: object, **kwargs: Any) -> None:
+    FENCED_WRITES.labels(outcome="accepted").inc()
+
+
+@receiver(signals.write_rejected, dispatch_uid="coordination.metrics.rejected")
+def _count_rejected(sender: object, rejection: Rejection | None = None, **kwargs: Any) -> None:
+    reason = str(getattr(rejection, "reason", "") or "unknown")
+    FENCED_WRITES.labels(outcome=reason).inc()
+
+
+def _observe_lease(start: object, end: object) -> None:
+    if isinstance(start, dt.datetime) and isinstance(end, dt.datetime) and end >= start:
+        LEASE_DURATION.observe((end - start).total_seconds())
+
+
+# --- gauges, from the database at scrape time ----------------------------------------
+
+
+class LockStateCollector(Collector):
+    """Locks by state (held, expired and not released, free) and the highest token issued."""
+
+    def collect(self) -> Iterable[Metric]:
+        up = GaugeMetricFamily(
+            "coordination_database_up", "1 if the lock table could be read at this scrape."
+        )
+        try:
+            found = Lock.objects.using(app_settings.DATABASE).aggregate(
+                held=Count("pk", filter=Q(holder__gt="", expires_at__gt=DatabaseNow())),
+                expired=Count("pk", filter=Q(holder__gt="", expires_at__lte=DatabaseNow())),
+                free=Count("pk", filter=Q(holder="")),
+                max_token=Max("token"),
+            )
+        except DatabaseError:
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        states = GaugeMetricFamily(
+            "coordination_locks", "Lock keys by state, by the database clock.", labels=["state"]
+        )
+        for state in ("held", "expired", "free"):
+            states.add_metric([state], found[state])
+        yield states
+        yield GaugeMetricFamily(
+            "coordination_max_token",
+            "The highest token any lock has issued (tokens end at 2**63-1).",
+            value=found["max_token"] or 0,
+        )
+
+
+class _Scrape(Collector):
+    """One scrape: this process's (or every process's) metrics, then the database gauges."""
+
+    def __init__(self, source: CollectorRegistry) -> None:
+        self.source = source
+
+    def collect(self) -> Iterable[Metric]:
+        yield from self.source.collect()
+        yield from LockStateCollector().collect()
+
+
+def _source() -> CollectorRegistry:
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        return registry
+    return REGISTRY
+
+
+# --- the view ----------------------------------------------------------------------
+
+
+@require_GET
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    """The metrics in Prometheus (or OpenMetrics, by ``Accept``) text format.
+
+    401 without credentials, 403 with wrong ones, unless METRICS_PUBLIC is on.
+    """
+    refusal = _refusal(request)
+    if refusal is not None:
+        return refusal
+    registry = CollectorRegistry()
+    registry.register(_Scrape(_source()))
+    encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+    return HttpResponse(encoder(registry), content_type=content_type)
+
+
+def _refusal(request: HttpRequest) -> HttpResponse | None:
+    if app_settings.METRICS_PUBLIC:
+        return None
+    user = getattr(request, "user", None)
+    if user is not None and user.is_active and user.is_staff:
+        return None
+    header = request.headers.get("Authorization", "")
+    scheme, _, presented = header.partition(" ")
+    expected = str(app_settings.METRICS_TOKEN or "")
+    if scheme.lower() == "bearer" and expected and presented:
+        if hmac.compare_digest(presented.strip().encode(), expected.encode()):
+            return None
+        return HttpResponse("Wrong metrics token.\n", status=403, content_type="text/plain")
+    signed_in = user is not None and user.is_authenticated
+    response = HttpResponse(
+        "Metrics are private: sign in as staff, or send Authorization: Bearer <METRICS_TOKEN>.\n",
+        status=403 if header or signed_in else 401,
+        content_type="text/plain",
+    )
+    response["WWW-Authenticate"] = 'Bearer realm="metrics"'
+    return response
