@@ -1,0 +1,605 @@
+"""The operator's view: locks, grants, fences and refused writes, and a dashboard.
+
+Everything here is read-only history except two operator actions, each with a
+permission of its own, a confirmation page and an admin log entry:
+
+- revoke a lock (``coordination.revoke_lock``): :func:`coordination.locks.revoke`;
+- raise a fence to its lock's last token (``coordination.raise_fence``):
+  :func:`coordination.fencing.raise_fence_to_lock`, for after a restore.
+
+Lock and fence rows are never deleted (DESIGN rule 8): their counters and
+watermarks are what keeps old tokens refused. States and times are decided with
+the database clock.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from typing import Any, cast
+from urllib.parse import urlencode
+
+import django
+from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.core.exceptions import PermissionDenied
+from django.db.models import Count, OuterRef, QuerySet, Subquery
+from django.db.models.functions import Coalesce
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils.html import format_html
+from django.utils.translation import gettext_lazy as _
+from django.utils.translation import ngettext
+
+from . import dashboard, fencing, locks
+from .models import (
+    AcceptedWrite,
+    DatabaseNow,
+    Document,
+    Fence,
+    Grant,
+    GrantEnd,
+    IdempotencyRecord,
+    Lock,
+    LockQuerySet,
+    LockState,
+    Rejection,
+)
+
+DASHBOARD_REFRESH_SECONDS = 10
+
+
+class HistoryAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """Read-only for everyone: rows are written by the grant point and the fences only."""
+
+    class Media:
+        css = {"all": ("coordination/admin.css",)}
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class OperatorActionsMixin:
+    """Guarded actions: 403 for a user without their permission, even on a forged POST.
+
+    Django would only say "no action selected" for an action the user may not
+    run; an operator action refused must be visible as refused.
+    """
+
+    guarded_actions: Sequence[str] = ()
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        action = request.POST.get("action", "") if request.method == "POST" else ""
+        model_admin = cast(admin.ModelAdmin, self)  # type: ignore[type-arg]
+        if action in self.guarded_actions and action not in model_admin.get_actions(request):
+            raise PermissionDenied
+        return super().changelist_view(request, extra_context)  # type: ignore[misc, no-any-return]
+
+
+def _has_perm(request: HttpRequest, codename: str) -> bool:
+    return request.user.has_perm(f"coordination.{codename}")
+
+
+def _page_context(
+    request: HttpRequest,
+    model_admin: admin.ModelAdmin,  # type: ignore[type-arg]
+    title: str,
+    *,
+    changelist: bool,
+) -> dict[str, Any]:
+    """What every page of ours needs to look like the rest of the admin."""
+    opts = model_admin.model._meta
+    changelist_url = reverse(f"admin:{opts.app_label}_{opts.model_name}_changelist")
+    crumbs: list[tuple[str, str]] = [
+        (str(opts.app_config.verbose_name), reverse("admin:app_list", args=[opts.app_label]))
+    ]
+    if changelist:
+        crumbs.append((str(opts.verbose_name_plural).capitalize(), changelist_url))
+    crumbs.append((title, ""))
+    return {
+        **model_admin.admin_site.each_context(request),
+        "title": title,
+        "subtitle": None,
+        "opts": opts,
+        "app_label": opts.app_label,
+        "changelist_url": changelist_url,
+        "crumbs": crumbs,
+        "ol_breadcrumbs": django.VERSION >= (6, 0),
+    }
+
+
+def _confirmation(
+    request: HttpRequest,
+    model_admin: admin.ModelAdmin,  # type: ignore[type-arg]
+    *,
+    title: str,
+    explanation: str,
+    button: str,
+    objects: Sequence[Any],
+    rows: Sequence[Sequence[Any]],
+    headers: Sequence[str],
+    action: str | None,
+) -> TemplateResponse:
+    """The page between choosing an operator action and running it."""
+    context = {
+        **_page_context(request, model_admin, title, changelist=True),
+        "explanation": explanation,
+        "button": button,
+        "objects": objects,
+        "rows": rows,
+        "headers": headers,
+        "action": action,
+        "action_checkbox_name": ACTION_CHECKBOX_NAME,
+    }
+    return TemplateResponse(request, "coordination/admin/confirm_action.html", context)
+
+
+# --- locks --------------------------------------------------------------------
+
+
+class LockStateFilter(admin.SimpleListFilter):
+    title = _("state")
+    parameter_name = "state"
+
+    def lookups(
+        self, request: HttpRequest, model_admin: admin.ModelAdmin  # type: ignore[type-arg]
+    ) -> list[tuple[str, str]]:
+        return [(str(value), str(label)) for value, label in LockState.choices]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
+        rows = cast(LockQuerySet, queryset)
+        value = self.value()
+        if value == LockState.HELD:
+            return rows.held()
+        if value == LockState.EXPIRED:
+            return rows.expired()
+        if value == LockState.FREE:
+            return rows.free()
+        return None
+
+
+@admin.register(Lock)
+class LockAdmin(OperatorActionsMixin, HistoryAdmin):
+    list_display = ["key", "state_badge", "holder", "token", "expires_in", "grant_count"]
+    list_display_links = ["key"]
+    list_filter = [LockStateFilter]
+    search_fields = ["key", "holder"]
+    fields = readonly_fields = (
+        "key", "state_badge", "holder", "token", "acquired_at", "expires_at", "expires_in",
+        "grant_count", "created_at",
+    )
+    actions = ["revoke_selected"]
+    guarded_actions = ["revoke_selected"]
+    change_list_template = "coordination/admin/lock_change_list.html"
+    change_form_template = "coordination/admin/lock_change_form.html"
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Lock]:
+        grants = (
+            Grant.objects.filter(lock=OuterRef("pk")).order_by().values("lock")
+            .annotate(n=Count("pk")).values("n")
+        )
+        # db_now is read in the same statement as the state, so "expires in" and
+        # the badge agree, and both come from the database clock.
+        return (
+            cast(LockQuerySet, super().get_queryset(request))
+            .with_state()
+            .annotate(db_now=DatabaseNow(), grants_total=Coalesce(Subquery(grants), 0))
+        )
+
+    def get_urls(self) -> list[URLPattern]:
+        view = self.admin_site.admin_view
+        return [
+            path("dashboard/", view(self.dashboard_view), name="coordination_dashboard"),
+            path("<path:object_id>/revoke/", view(self.revoke_view), name="coordination_lock_revoke"),
+            *super().get_urls(),
+        ]
+
+    def has_revoke_permission(self, request: HttpRequest) -> bool:
+        return _has_perm(request, "revoke_lock")
+
+    @admin.display(description=_("state"), ordering="state")
+    def state_badge(self, lock: Lock) -> str:
+        state = LockState(getattr(lock, "state", None) or self._state_now(lock))
+        return format_html(
+            '<span class="coordination-badge coordination-{}" data-state="{}">{}</span>',
+            state.value, state.value, state.label,
+        )
+
+    @admin.display(description=_("expires in"), ordering="expires_at")
+    def expires_in(self, lock: Lock) -> str:
+        if not lock.holder or lock.expires_at is None:
+            return "-"
+        now = getattr(lock, "db_now", None) or locks.database_now()
+        seconds = (lock.expires_at - now).total_seconds()
+        if seconds <= 0:
+            return str(_("expired %(seconds)s ago") % {"seconds": _duration(-seconds)})
+        return _duration(seconds)
+
+    @admin.display(description=_("grants"), ordering="grants_total")
+    def grant_count(self, lock: Lock) -> str:
+        total = getattr(lock, "grants_total", None)
+        if total is None:
+            total = lock.grants.count()
+        url = reverse("admin:coordination_grant_changelist") + f"?lock__id__exact={lock.pk}"
+        return format_html('<a href="{}">{}</a>', url, total)
+
+    def _state_now(self, lock: Lock) -> LockState:
+        return lock.state_at(locks.database_now())
+
+    @admin.action(description=_("Revoke the selected locks"), permissions=["revoke"])
+    def revoke_selected(
+        self, request: HttpRequest, queryset: QuerySet[Lock]
+    ) -> TemplateResponse | None:
+        chosen = list(queryset.order_by("key"))
+        if request.POST.get("confirm") == "yes":
+            self._revoke(request, chosen)
+            return None
+        return self._revoke_confirmation(request, chosen, action="revoke_selected")
+
+    def revoke_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        if not self.has_revoke_permission(request):
+            raise PermissionDenied
+        lock = get_object_or_404(self.get_queryset(request), pk=object_id)
+        if request.method == "POST" and request.POST.get("confirm") == "yes":
+            self._revoke(request, [lock])
+            return HttpResponseRedirect(reverse("admin:coordination_lock_change", args=[lock.pk]))
+        return self._revoke_confirmation(request, [lock], action=None)
+
+    def _revoke_confirmation(
+        self, request: HttpRequest, chosen: list[Lock], *, action: str | None
+    ) -> TemplateResponse:
+        return _confirmation(
+            request, self,
+            title=str(_("Revoke locks?")) if len(chosen) > 1 else str(_("Revoke this lock?")),
+            explanation=str(_(
+                "Revoking ends the current lease at once. The holder's renew and release "
+                "fail from now on, and the next acquire gets a higher token, whose first "
+                "write fences the revoked holder out. Writes the holder already made stay."
+            )),
+            button=str(_("Yes, revoke")),
+            objects=chosen,
+            headers=[str(_("lock")), str(_("state")), str(_("holder")), str(_("last token"))],
+            rows=[
+                [lock.key, self.state_badge(lock), lock.holder or "-", lock.token]
+                for lock in chosen
+            ],
+            action=action,
+        )
+
+    def _revoke(self, request: HttpRequest, chosen: list[Lock]) -> None:
+        revoked = 0
+        for lock in chosen:
+            grant = locks.revoke(lock.key)
+            if grant is None:
+                continue
+            revoked += 1
+            self.log_change(
+                request, lock,
+                f"Revoked the lease of token {grant.token} held by {grant.holder}; "
+                "the next grant gets a higher token.",
+            )
+        if revoked:
+            self.message_user(
+                request,
+                ngettext(
+                    "Revoked %(count)d lock; its next grant gets a higher token.",
+                    "Revoked %(count)d locks; their next grants get higher tokens.",
+                    revoked,
+                ) % {"count": revoked},
+                messages.SUCCESS,
+            )
+        free = len(chosen) - revoked
+        if free:
+            self.message_user(
+                request,
+                ngettext(
+                    "%(count)d lock was already free; nothing to revoke.",
+                    "%(count)d locks were already free; nothing to revoke.",
+                    free,
+                ) % {"count": free},
+                messages.WARNING,
+            )
+
+    def changeform_view(
+        self,
+        request: HttpRequest,
+        object_id: str | None = None,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        extra = {**(extra_context or {}), "can_revoke": self.has_revoke_permission(request)}
+        return super().changeform_view(request, object_id, form_url, extra)
+
+    def dashboard_view(self, request: HttpRequest) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        keys = [key for key in request.GET.getlist("key") if key][: dashboard.TIMELINE_LOCKS]
+        try:
+            refresh = max(0, min(int(request.GET.get("refresh", DASHBOARD_REFRESH_SECONDS)), 3600))
+        except ValueError:
+            refresh = DASHBOARD_REFRESH_SECONDS
+        data = dashboard.build_dashboard(keys)
+        context = {
+            **_page_context(request, self, str(_("Dashboard")), changelist=False),
+            "title": _("Coordination dashboard"),
+            "dashboard": data,
+            "refresh": refresh,
+            "chosen_keys": keys,
+            "pause_url": "?" + urlencode({"key": keys, "refresh": 0}, doseq=True),
+            "resume_url": "?" + urlencode(
+                {"key": keys, "refresh": DASHBOARD_REFRESH_SECONDS}, doseq=True
+            ),
+        }
+        return TemplateResponse(request, "coordination/dashboard.html", context)
+
+
+# --- grants -------------------------------------------------------------------
+
+
+class GrantEndFilter(admin.SimpleListFilter):
+    title = _("end")
+    parameter_name = "end"
+
+    def lookups(
+        self, request: HttpRequest, model_admin: admin.ModelAdmin  # type: ignore[type-arg]
+    ) -> list[tuple[str, str]]:
+        return [
+            *((str(value), str(label)) for value, label in GrantEnd.choices),
+            ("live", str(_("live lease"))),
+            ("unreleased", str(_("expired, not released"))),
+        ]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
+        value = self.value()
+        if value in GrantEnd.values:
+            return queryset.filter(end_reason=value)
+        if value == "live":
+            return queryset.filter(ended_at=None, expires_at__gt=DatabaseNow())
+        if value == "unreleased":
+            return queryset.filter(ended_at=None, expires_at__lte=DatabaseNow())
+        return None
+
+
+@admin.register(Grant)
+class GrantAdmin(HistoryAdmin):
+    list_display = [
+        "lock_link", "token", "holder", "acquired_at", "expires_at", "ended_at", "end",
+    ]
+    list_filter = [GrantEndFilter]
+    list_select_related = ["lock"]
+    search_fields = ["lock__key", "holder"]
+    date_hierarchy = "acquired_at"
+    fields = readonly_fields = (
+        "lock_link", "token", "holder", "acquired_at", "expires_at", "ended_at", "end",
+    )
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Grant]:
+        return cast("QuerySet[Grant]", super().get_queryset(request).annotate(db_now=DatabaseNow()))
+
+    @admin.display(description=_("lock"), ordering="lock__key")
+    def lock_link(self, grant: Grant) -> str:
+        url = reverse("admin:coordination_lock_change", args=[grant.lock_id])
+        return format_html('<a href="{}">{}</a>', url, grant.lock.key)
+
+    @admin.display(description=_("end"), ordering="end_reason")
+    def end(self, grant: Grant) -> str:
+        if grant.end_reason:
+            kind, label = grant.end_reason, GrantEnd(grant.end_reason).label
+        else:
+            now = getattr(grant, "db_now", None) or locks.database_now()
+            if grant.expires_at > now:
+                kind, label = "live", _("live lease")
+            else:
+                kind, label = "expired", _("expired, not released")
+        return format_html(
+            '<span class="coordination-badge coordination-{}">{}</span>', kind, label
+        )
+
+
+# --- fences -------------------------------------------------------------------
+
+
+@admin.register(Fence)
+class FenceAdmin(OperatorActionsMixin, HistoryAdmin):
+    list_display = ["resource", "lock_key_link", "watermark", "lock_token", "updated_at"]
+    search_fields = ["resource", "lock_key"]
+    fields = readonly_fields = (
+        "resource", "lock_key_link", "token", "step", "lock_token", "updated_at",
+    )
+    actions = ["raise_to_lock_token"]
+    guarded_actions = ["raise_to_lock_token"]
+    change_form_template = "coordination/admin/fence_change_form.html"
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Fence]:
+        issued = Lock.objects.filter(key=OuterRef("lock_key")).values("token")[:1]
+        rows = super().get_queryset(request).annotate(issued=Coalesce(Subquery(issued), 0))
+        return cast("QuerySet[Fence]", rows)
+
+    def get_urls(self) -> list[URLPattern]:
+        view = self.admin_site.admin_view
+        return [
+            path("<path:object_id>/raise/", view(self.raise_view), name="coordination_fence_raise"),
+            *super().get_urls(),
+        ]
+
+    def has_raise_permission(self, request: HttpRequest) -> bool:
+        return _has_perm(request, "raise_fence")
+
+    @admin.display(description=_("watermark (token, step)"), ordering="token")
+    def watermark(self, fence: Fence) -> str:
+        return f"{fence.token}, {fence.step}"
+
+    @admin.display(description=_("lock's last token"), ordering="issued")
+    def lock_token(self, fence: Fence) -> str:
+        issued = self._issued(fence)
+        if issued > fence.token:
+            return format_html(
+                '{} <span class="coordination-note" title="{}">({})</span>', issued,
+                _("tokens up to this one were issued but have not written here"),
+                _("ahead of the watermark"),
+            )
+        return str(issued)
+
+    @admin.display(description=_("lock"), ordering="lock_key")
+    def lock_key_link(self, fence: Fence) -> str:
+        lock = Lock.objects.filter(key=fence.lock_key).values_list("pk", flat=True).first()
+        if lock is None:
+            return fence.lock_key
+        url = reverse("admin:coordination_lock_change", args=[lock])
+        return format_html('<a href="{}">{}</a>', url, fence.lock_key)
+
+    @staticmethod
+    def _issued(fence: Fence) -> int:
+        issued = getattr(fence, "issued", None)
+        if issued is None:
+            issued = Lock.objects.filter(key=fence.lock_key).values_list("token", flat=True).first()
+        return int(issued or 0)
+
+    @admin.action(description=_("Raise to the lock's last issued token"), permissions=["raise"])
+    def raise_to_lock_token(
+        self, request: HttpRequest, queryset: QuerySet[Fence]
+    ) -> TemplateResponse | None:
+        chosen = list(queryset.order_by("resource"))
+        if request.POST.get("confirm") == "yes":
+            self._raise(request, chosen)
+            return None
+        return self._raise_confirmation(request, chosen, action="raise_to_lock_token")
+
+    def raise_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        if not self.has_raise_permission(request):
+            raise PermissionDenied
+        fence = get_object_or_404(self.get_queryset(request), pk=object_id)
+        if request.method == "POST" and request.POST.get("confirm") == "yes":
+            self._raise(request, [fence])
+            return HttpResponseRedirect(reverse("admin:coordination_fence_change", args=[fence.pk]))
+        return self._raise_confirmation(request, [fence], action=None)
+
+    def _raise_confirmation(
+        self, request: HttpRequest, chosen: list[Fence], *, action: str | None
+    ) -> TemplateResponse:
+        return _confirmation(
+            request, self,
+            title=str(_("Raise watermarks?")) if len(chosen) > 1 else str(_("Raise this watermark?")),
+            explanation=str(_(
+                "For after a restore from backup: each watermark is raised to the last "
+                "token its lock has issued, so writes of every older token are refused "
+                "as stale. The holder of that last token can still write. A watermark is "
+                "never lowered."
+            )),
+            button=str(_("Yes, raise")),
+            objects=chosen,
+            headers=[str(_("resource")), str(_("lock")), str(_("watermark")),
+                     str(_("lock's last token"))],
+            rows=[
+                [fence.resource, fence.lock_key, self.watermark(fence), self._issued(fence)]
+                for fence in chosen
+            ],
+            action=action,
+        )
+
+    def _raise(self, request: HttpRequest, chosen: list[Fence]) -> None:
+        raised = 0
+        for fence in chosen:
+            result = fencing.raise_fence_to_lock(fence.resource)
+            if not result.raised:
+                continue
+            raised += 1
+            self.log_change(
+                request, fence,
+                f"Raised the watermark from {result.before[0]} (step {result.before[1]}) to "
+                f"{result.after[0]} (step {result.after[1]}), the last token of lock "
+                f"{result.lock_key}.",
+            )
+        if raised:
+            self.message_user(
+                request,
+                ngettext(
+                    "Raised %(count)d fence to its lock's last token; older tokens are refused.",
+                    "Raised %(count)d fences to their locks' last tokens; older tokens are refused.",
+                    raised,
+                ) % {"count": raised},
+                messages.SUCCESS,
+            )
+        unchanged = len(chosen) - raised
+        if unchanged:
+            self.message_user(
+                request,
+                ngettext(
+                    "%(count)d fence was already at its lock's last token; left as it is.",
+                    "%(count)d fences were already at their locks' last tokens; left as they are.",
+                    unchanged,
+                ) % {"count": unchanged},
+                messages.WARNING,
+            )
+
+    def changeform_view(
+        self,
+        request: HttpRequest,
+        object_id: str | None = None,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        extra = {**(extra_context or {}), "can_raise": self.has_raise_permission(request)}
+        return super().changeform_view(request, object_id, form_url, extra)
+
+
+# --- refused and accepted writes, idempotency, documents ---------------------------
+
+
+@admin.register(Rejection)
+class RejectionAdmin(HistoryAdmin):
+    list_display = [
+        "created_at", "reason", "resource", "lock_key", "token", "step", "watermark", "holder",
+    ]
+    list_filter = ["reason"]
+    search_fields = ["resource", "lock_key", "holder"]
+    date_hierarchy = "created_at"
+
+    @admin.display(description=_("watermark then (token, step)"))
+    def watermark(self, rejection: Rejection) -> str:
+        if rejection.watermark_token is None:
+            return "-"
+        return f"{rejection.watermark_token}, {rejection.watermark_step}"
+
+
+@admin.register(AcceptedWrite)
+class AcceptedWriteAdmin(HistoryAdmin):
+    list_display = ["created_at", "resource", "lock_key", "token", "step", "holder"]
+    search_fields = ["resource", "lock_key", "holder"]
+    date_hierarchy = "created_at"
+
+
+@admin.register(IdempotencyRecord)
+class IdempotencyRecordAdmin(HistoryAdmin):
+    list_display = ["key", "completed", "created_at"]
+    list_filter = ["completed"]
+    search_fields = ["key"]
+    date_hierarchy = "created_at"
+
+
+@admin.register(Document)
+class DocumentAdmin(HistoryAdmin):
+    list_display = ["name", "watermark", "updated_at"]
+    list_select_related = ["fence"]
+    search_fields = ["name"]
+
+    @admin.display(description=_("watermark (token, step)"))
+    def watermark(self, document: Document) -> str:
+        return f"{document.fence.token}, {document.fence.step}"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    return str(dt.timedelta(seconds=round(seconds)))
+
