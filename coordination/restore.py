@@ -262,7 +262,7 @@ def _raise_fence_rows(
             say(f"fence {resource!r}: watermark {token} -> {last} (closed)")
             report.fences_raised += 1
         seen += len(batch)
-        progress(f"fences: {seen}/{total} checked, {report.fences_raised} raised")
+        progress(f"fences: {seen}/{total} checked, {report.fences_raised} {_raised(apply)}")
 
 
 def _raise_model_rows(
@@ -318,9 +318,13 @@ def _raise_model_rows(
         elif not apply:
             raised += len(plan)
         seen += len(batch)
-        progress(f"{label}: {seen}/{total} rows checked, {raised} raised")
+        progress(f"{label}: {seen}/{total} rows checked, {raised} {_raised(apply)}")
     if raised:
         report.rows_raised[label] = raised
+
+
+def _raised(apply: bool) -> str:
+    return "raised" if apply else "to raise"
 
 
 def _template_columns(model: type[models.Model], names: list[str]) -> list[str] | None:

@@ -109,7 +109,7 @@ class Command(BaseCommand):
             parts.append(
                 f"{verb('raised', 'would raise')} {report.fences_raised} fence(s)"
                 + (f" and {rows}" if rows else "")
-                + f" to their lock's last token (step {restore.CLOSED_STEP} = closed)"
+                + " to their lock's last token, closed to it"
             )
         parts.append(f"{verb('revoked', 'would revoke')} {report.leases_revoked} lease(s)")
         self.stdout.write("; ".join(parts) + ".")
