@@ -363,7 +363,7 @@ def _minute_chart(now: dt.datetime, alias: str) -> MinuteChart:
     ticks = [
         Tick(round(left + slot * (index + 0.5), 1), f"{minute:%H:%M}")
         for index, minute in enumerate(minutes)
-        if index % 10 == 9 or index == 0
+        if minute.minute % 10 == 0
     ]
     grid = [
         GridLine(round(baseline - plot_height * fraction, 1), f"{top * fraction:g}")
