@@ -58,6 +58,7 @@ urlpatterns = [
         login_required(
             SpectacularRedocView.as_view(
                 url_name="coordination_api:schema",
+                template_name="coordination/api/redoc.html",
                 authentication_classes=[SessionAuthentication],
                 permission_classes=[IsAuthenticated],
             )
