@@ -75,6 +75,10 @@ class LockHeld(CoordinationError):
             retry_after=round(retry_after, 3),
         )
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Picklable with its fields, so it survives Celery's retry and result backends.
+        return (type(self), (self.key, self.holder, self.expires_at, self.retry_after))
+
 
 class LeaseLost(CoordinationError):
     """The grant is no longer the lock's current lease (expired, released, revoked or
@@ -106,6 +110,9 @@ class StaleToken(CoordinationError):
             current_step=current_step,
         )
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.resource, self.token, self.current_token, self.current_step))
+
 
 class DuplicateWrite(CoordinationError):
     """The same token already wrote this step (or a later one) to the resource."""
@@ -125,6 +132,9 @@ class DuplicateWrite(CoordinationError):
             current_token=token,
             current_step=current_step,
         )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.resource, self.token, self.step, self.current_step))
 
 
 class WrongLock(CoordinationError):
