@@ -170,12 +170,12 @@ class LockStateFilter(admin.SimpleListFilter):
 
 @admin.register(Lock)
 class LockAdmin(OperatorActionsMixin, HistoryAdmin):
-    list_display = ["key", "state_badge", "holder", "token", "expires_in", "grant_count"]
+    list_display = ["key", "state_badge", "holder", "last_token", "expires_in", "grant_count"]
     list_display_links = ["key"]
     list_filter = [LockStateFilter]
     search_fields = ["key", "holder"]
     fields = readonly_fields = (
-        "key", "state_badge", "holder", "token", "acquired_at", "expires_at", "expires_in",
+        "key", "state_badge", "holder", "last_token", "acquired_at", "expires_at", "expires_in",
         "grant_count", "created_at",
     )
     actions = ["revoke_selected"]
@@ -214,6 +214,10 @@ class LockAdmin(OperatorActionsMixin, HistoryAdmin):
             '<span class="coordination-badge coordination-{}" data-state="{}">{}</span>',
             state.value, state.value, state.label,
         )
+
+    @admin.display(description=_("last token"), ordering="token")
+    def last_token(self, lock: Lock) -> int:
+        return lock.token
 
     @admin.display(description=_("expires in"), ordering="expires_at")
     def expires_in(self, lock: Lock) -> str:
@@ -411,18 +415,21 @@ class GrantAdmin(HistoryAdmin):
 
 @admin.register(Fence)
 class FenceAdmin(OperatorActionsMixin, HistoryAdmin):
-    list_display = ["resource", "lock_key_link", "watermark", "lock_token", "updated_at"]
+    list_display = ["resource", "lock_key_link", "watermark", "lock_token", "last_write"]
     search_fields = ["resource", "lock_key"]
     fields = readonly_fields = (
-        "resource", "lock_key_link", "token", "step", "lock_token", "updated_at",
+        "resource", "lock_key_link", "token", "step", "lock_token", "last_write",
     )
     actions = ["raise_to_lock_token"]
     guarded_actions = ["raise_to_lock_token"]
     change_form_template = "coordination/admin/fence_change_form.html"
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Fence]:
-        issued = Lock.objects.filter(key=OuterRef("lock_key")).values("token")[:1]
-        rows = super().get_queryset(request).annotate(issued=Coalesce(Subquery(issued), 0))
+        lock = Lock.objects.filter(key=OuterRef("lock_key"))
+        rows = super().get_queryset(request).annotate(
+            issued=Coalesce(Subquery(lock.values("token")[:1]), 0),
+            lock_pk=Subquery(lock.values("pk")[:1]),
+        )
         return cast("QuerySet[Fence]", rows)
 
     def get_urls(self) -> list[URLPattern]:
@@ -452,11 +459,15 @@ class FenceAdmin(OperatorActionsMixin, HistoryAdmin):
 
     @admin.display(description=_("lock"), ordering="lock_key")
     def lock_key_link(self, fence: Fence) -> str:
-        lock = Lock.objects.filter(key=fence.lock_key).values_list("pk", flat=True).first()
+        lock = getattr(fence, "lock_pk", None)
         if lock is None:
             return fence.lock_key
         url = reverse("admin:coordination_lock_change", args=[lock])
         return format_html('<a href="{}">{}</a>', url, fence.lock_key)
+
+    @admin.display(description=_("last write"), ordering="updated_at")
+    def last_write(self, fence: Fence) -> dt.datetime:
+        return fence.updated_at
 
     @staticmethod
     def _issued(fence: Fence) -> int:
