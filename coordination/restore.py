@@ -216,7 +216,8 @@ def revoke_leases(
     alias = using or app_settings.DATABASE
     report = report or RestoreReport(applied=apply)
     held = Lock.objects.using(alias).exclude(holder="")
-    for key, token, holder in held.values_list("key", "token", "holder").iterator():
+    # A list, not a cursor: each revoke is a transaction of its own.
+    for key, token, holder in list(held.order_by("pk").values_list("key", "token", "holder")):
         if apply and locks.revoke(key, using=alias) is None:
             continue  # released meanwhile
         say(f"lock {key!r}: revoking the lease of {holder} (token {token})")
