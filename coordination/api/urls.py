@@ -7,7 +7,7 @@ Paths have no trailing slash except the collections (``locks/``, ``fences/``,
 from __future__ import annotations
 
 from django.contrib.auth.decorators import login_required
-from django.urls import path
+from django.urls import path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 from rest_framework.authentication import SessionAuthentication, TokenAuthentication
 from rest_framework.permissions import IsAuthenticated
@@ -65,4 +65,5 @@ urlpatterns = [
         ),
         name="redoc",
     ),
+    re_path(r"^(?P<rest>.*)$", views.no_endpoint, name="no-endpoint"),
 ]

@@ -16,7 +16,8 @@ from typing import Any, cast
 
 from django.db import transaction
 from django.db.models import QuerySet
-from django.http import Http404
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponsePermanentRedirect, JsonResponse
+from django.urls import Resolver404, resolve
 from django.utils.decorators import method_decorator
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import generics, serializers, status
@@ -427,3 +428,23 @@ class RejectionListView(CoordinationListView):
     )
     def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         return super().get(request, *args, **kwargs)
+
+
+# --- anything else under the API -------------------------------------------------------
+
+
+def no_endpoint(request: HttpRequest, rest: str = "") -> HttpResponse:
+    """Unknown paths under the API get the API's error shape, not an HTML page.
+
+    A collection asked for without its trailing slash is redirected to it.
+    """
+    if not request.path.endswith("/"):
+        try:
+            match = resolve(request.path + "/")
+        except Resolver404:
+            match = None
+        if match is not None and match.url_name != "no-endpoint":
+            query = request.META.get("QUERY_STRING", "")
+            return HttpResponsePermanentRedirect(request.path + "/" + (f"?{query}" if query else ""))
+    detail = f"No API endpoint at {request.path}; the OpenAPI schema lists them all."
+    return JsonResponse({"code": "not_found", "detail": detail}, status=404)
