@@ -47,7 +47,8 @@ def run_demo(tmp_path: Path, *arguments: str) -> tuple[subprocess.CompletedProce
         [sys.executable, "manage.py", "coordination_demo", "--json", str(report), *arguments],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=180, check=False,
     )
-    assert report.exists(), f"no JSON report; exit {finished.returncode}\n{finished.stdout}\n{finished.stderr}"
+    output = f"exit {finished.returncode}\n{finished.stdout}\n{finished.stderr}"
+    assert report.exists(), f"no JSON report: {output}"
     return finished, json.loads(report.read_text())
 
 

@@ -20,7 +20,7 @@ from coordination.exceptions import CoordinationError
 
 from .models import Account
 
-DEMO_QUEUES = {"A": "coordination-demo-a", "B": "coordination-demo-b"}
+DEMO_QUEUE_PREFIX = "coordination-demo"  # each run adds its own id: concurrent demos never mix
 DEMO_TTL = 1.0
 
 

@@ -116,13 +116,15 @@ class Command(BaseCommand):
 
         try:
             from project.demo.models import Account
-            from project.demo.tasks import DEMO_QUEUES, DEMO_TTL, deposit
+            from project.demo.tasks import DEMO_QUEUE_PREFIX, DEMO_TTL, deposit
         except (ImportError, RuntimeError) as error:
             raise DemoFailed(f"the demo needs the project.demo app installed: {error}") from None
 
         fencing = not options["no_fencing"]
         app_name = options["celery_app"] or current_app.main or "project"
         run_dir = Path(tempfile.mkdtemp(prefix="coordination-demo-"))
+        run_id = uuid.uuid4().hex[:8]
+        queues = {name: f"{DEMO_QUEUE_PREFIX}-{run_id}-{name.lower()}" for name in ("A", "B")}
         events = run_dir / "events.jsonl"
         events.touch()
         resume = run_dir / "resume-A"
@@ -144,14 +146,14 @@ class Command(BaseCommand):
         started = time.monotonic()
         try:
             for name in ("A", "B"):
-                workers.start(name, DEMO_QUEUES[name])
+                workers.start(name, queues[name])
             reader = EventReader(events)
 
             def send(name: str, **extra: Any) -> None:
                 deposit.apply_async(
                     (account.pk, str(DEMO_AMOUNTS[name])),
                     {"worker": name, "report_to": str(events), "fencing": fencing, **extra},
-                    queue=DEMO_QUEUES[name], expires=START_TIMEOUT + 60,
+                    queue=queues[name], expires=START_TIMEOUT + 60,
                 )
 
             send("A", resume_file=str(resume))
