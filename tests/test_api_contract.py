@@ -503,3 +503,16 @@ def test_revoked_grants_cannot_write() -> None:
     response = write(client, "doc", grant, 1)
     assert response.status_code == 409
     assert response.json()["code"] == "lease_lost"
+
+
+def test_lock_endpoints_work_when_the_site_uses_atomic_requests(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The grant point refuses to run inside a transaction; the lock views opt out of
+    # ATOMIC_REQUESTS instead of failing with in_transaction.
+    from django.db import connection
+
+    monkeypatch.setitem(connection.settings_dict, "ATOMIC_REQUESTS", True)
+    client = full_client()
+    grant = acquire(client, "report", ttl=30)
+    assert post(client, "/api/locks/report/renew", proof(grant)).status_code == 200
+    assert write(client, "doc", grant, 1).status_code == 200
+    assert post(client, "/api/locks/report/release", proof(grant)).status_code == 200
