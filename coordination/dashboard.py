@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -34,7 +35,8 @@ CONTENDED_KEYS = 10
 CHART_WIDTH, CHART_HEIGHT = 640, 190
 CHART_LEFT, CHART_RIGHT, CHART_TOP, CHART_BOTTOM = 40, 24, 12, 30
 TIMELINE_WIDTH = 960
-LABEL_WIDTH, TIMELINE_RIGHT = 150, 40
+LABEL_WIDTH, TIMELINE_RIGHT = 190, 40
+LABEL_CHARS = 20
 LANE_HEIGHT, LANE_GAP, AXIS_HEIGHT = 22, 8, 30
 TICK_STEPS = (
     0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600,
@@ -110,6 +112,11 @@ class Lane:
     y: float
     bar_x: float
     bar_width: float
+
+    @property
+    def label(self) -> str:
+        """The holder, shortened to fit beside the lane (the full one is in the tooltip)."""
+        return _short_holder(self.holder)
 
     @property
     def label_y(self) -> float:
@@ -400,6 +407,17 @@ def _contended(now: dt.datetime, alias: str) -> list[ContendedKey]:
         ContendedKey(key, lock_id, grants, holders, refused.get(key, 0))
         for key, lock_id, grants, holders in rows
     ]
+
+
+# Celery task holders read "app.tasks.deposit[<task id>]#1 on host:pid".
+_TASK_HOLDER = re.compile(r"^(?:[\w.]*\.)?(?P<name>[\w-]+)\[[^\]]*\](?:#\d+)?(?P<rest>.*)$")
+
+
+def _short_holder(holder: str) -> str:
+    match = _TASK_HOLDER.match(holder)
+    if match is not None:
+        holder = f"{match['name']}{match['rest']}"
+    return holder if len(holder) <= LABEL_CHARS else holder[: LABEL_CHARS - 1] + "\u2026"
 
 
 def _nice_ceiling(value: int) -> int:
