@@ -163,9 +163,10 @@ def _on_lock_lost(sender: Any, grant: Grant, error: Exception, **kwargs: Any) ->
 
 
 def _on_skipped(sender: Any, task: Any, key: str, reason: str, **kwargs: Any) -> None:
-    path = (task.request.kwargs or {}).get("report")
+    request = getattr(task, "request", None)  # django.tasks send the plain function
+    path = (getattr(request, "kwargs", None) or {}).get("report")
     if path:
-        record(path, "skipped", reason=reason, key=key, args=list(task.request.args or ()))
+        record(path, "skipped", reason=reason, key=key, args=list(request.args or ()))
 
 
 def _on_retry(sender: Any, request: Any, reason: Any, **kwargs: Any) -> None:
