@@ -10,6 +10,10 @@ Defaults (override any key in your settings)::
         "MAX_WAIT": 3600.0,         # seconds acquire(wait=...) may block
         "POLL_INTERVAL": 0.05,      # first back-off step while waiting, seconds
         "MAX_POLL_INTERVAL": 1.0,   # back-off ceiling while waiting, seconds
+        "PREPARED_STATEMENTS": False,  # PostgreSQL: keep the grant point's statements
+                                    # prepared per connection (about half the server
+                                    # work); leave off behind transaction-pooling
+                                    # proxies that cannot keep prepared statements
         "RECORD_WRITES": False,     # keep an AcceptedWrite row per accepted fenced
                                     # write (the admin timeline shows them)
         "API_MAX_WAIT": 30.0,       # seconds a REST acquire may block a web worker
@@ -37,6 +41,7 @@ DEFAULTS: dict[str, Any] = {
     "MAX_WAIT": 3600.0,
     "POLL_INTERVAL": 0.05,
     "MAX_POLL_INTERVAL": 1.0,
+    "PREPARED_STATEMENTS": False,
     "RECORD_WRITES": False,
     "API_MAX_WAIT": 30.0,
     "API_THROTTLE_RATE": "1200/minute",
