@@ -1,4 +1,5 @@
-"""The admin in a real headless Chromium: log in, read the dashboard, revoke a lock.
+"""The admin in a real headless Chromium: log in, read the dashboard, revoke a lock,
+and see what ``manage.py coordination_demo`` (real Celery workers) left behind.
 
 Driven by Playwright's Python client against the system's Chromium
 (``CHROMIUM_PATH``, default /usr/bin/chromium); no browser is downloaded. The
@@ -18,9 +19,10 @@ from django.contrib.auth.models import User
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from coordination import locks
-from coordination.models import Lock
+from coordination.models import Grant, Lock, Rejection
 
 from .admin_story import tell_the_seed_story
+from .test_celery_demo import run_demo
 
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -125,3 +127,25 @@ def test_revoke_runs_through_its_confirmation_page(
     row = page.locator("#result_list tbody tr", has_text="report:nightly")
     expect(row.locator("[data-state]")).to_have_attribute("data-state", "free")
     assert locks.acquire("report:nightly", holder="worker-next", ttl=5).token == grant.token + 1
+
+
+def test_after_coordination_demo_the_dashboard_shows_its_refused_write(
+    page: Page, live_server: Any, operator: User, tmp_path: Path
+) -> None:
+    finished, result = run_demo(tmp_path)
+    assert finished.returncode == 0, f"{finished.stdout}\n{finished.stderr}"
+    key = f"account:{result['account']}"
+    rejection = Rejection.objects.get(lock_key=key)
+    a_token = rejection.token
+    b_token = Grant.objects.filter(lock__key=key).order_by("-token").values_list("token", flat=True)[0]
+    log_in(page, live_server.url)
+
+    page.goto(f"{live_server.url}/admin/coordination/lock/dashboard/?key={key}")
+    timeline = page.locator(f'svg.coordination-timeline[data-key="{key}"]')
+    expect(timeline.locator(f'rect[data-token="{a_token}"]')).to_have_attribute("data-end", "expired")
+    expect(timeline.locator(f'rect[data-token="{b_token}"]')).to_have_attribute("data-end", "released")
+    expect(timeline.locator(f'[data-kind="accepted-write"][data-token="{b_token}"]')).to_have_count(1)
+    refused = timeline.locator(f'[data-kind="refused-write"][data-token="{a_token}"]')
+    expect(refused).to_have_attribute("data-reason", "stale_token")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "dashboard-after-demo.png"), full_page=True)
