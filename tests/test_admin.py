@@ -432,3 +432,12 @@ def test_dashboard_needs_view_permission_on_locks(django_user_model: type[User])
 def test_dashboard_for_an_unknown_key_says_so(admin_client: Client) -> None:
     response = admin_client.get(reverse(DASHBOARD), {"key": "nope:1"})
     assert response.status_code == 200 and b"No such lock." in response.content
+
+
+def test_timeline_labels_shorten_celery_task_holders() -> None:
+    from coordination.dashboard import _short_holder
+
+    holder = "project.demo.tasks.deposit[6dec905c-cd79-4c4f-9e36-94ed448d2f40]#1 on vm:5470"
+    assert _short_holder(holder) == "deposit on vm:5470"
+    assert _short_holder("worker-A") == "worker-A"
+    assert _short_holder("x" * 40) == "x" * 19 + "\u2026"
