@@ -329,6 +329,24 @@ def test_an_idempotency_key_reused_for_another_body_is_refused() -> None:
 
 # Transactional: on PostgreSQL the refusal is recorded on a second connection.
 @pytest.mark.django_db(transaction=True)
+def test_a_refused_idempotent_put_is_recorded_once_and_replayed() -> None:
+    client = full_client()
+    old = acquire(client, "report", ttl=30)
+    post(client, "/api/locks/report/release", proof(old))
+    new = acquire(client, "report", ttl=30)
+    assert write(client, "doc", new, "new").status_code == 200
+    first = write(client, "doc", old, "old", idempotency_key="late-1")
+    assert first.status_code == 409
+    assert first.json()["code"] == "stale_token"
+    retry = write(client, "doc", old, "old", idempotency_key="late-1")
+    assert retry.status_code == 409
+    assert retry.json() == first.json()
+    assert retry["Idempotent-Replayed"] == "true"
+    assert Rejection.objects.filter(resource="document:doc").count() == 1
+    assert client.get("/api/documents/doc").json()["data"] == "new"
+
+
+@pytest.mark.django_db(transaction=True)
 def test_idempotency_keys_are_scoped_per_user() -> None:
     alice, bob = full_client(), full_client()
     grant = acquire(alice, "report", ttl=30)

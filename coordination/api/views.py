@@ -31,7 +31,14 @@ from rest_framework.views import APIView
 from .. import documents, fencing, locks
 from ..conf import app_settings
 from ..documents import NAME_MAX_LENGTH
-from ..exceptions import IdempotencyKeyReused, InvalidInput
+from ..exceptions import (
+    DuplicateWrite,
+    IdempotencyKeyReused,
+    InvalidInput,
+    LeaseLost,
+    StaleToken,
+    WrongLock,
+)
 from ..models import KEY_MAX_LENGTH, KEY_PATTERN, Document, Fence, Grant, Lock, Rejection, validate_key
 from .exceptions import exception_handler
 from .parsers import StrictJSONParser
@@ -52,6 +59,8 @@ from .serializers import (
 )
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
+# What the fence answers a write it refuses; stored as the answer of an idempotent PUT.
+FENCE_REFUSALS = (StaleToken, DuplicateWrite, WrongLock, LeaseLost)
 IDEMPOTENCY_KEY_MAX_LENGTH = 128
 
 _ERRORS = {
@@ -340,7 +349,7 @@ class DocumentView(CoordinationView):
             "`stale_token` (with `current_token`), `duplicate_write` (same token and step; "
             "number several writes with `step`), `wrong_lock`, `lease_lost` (the lease_id does "
             "not match that grant). With an `Idempotency-Key` header a retry returns the "
-            "stored response (header `Idempotent-Replayed: true`)."
+            "stored response, a refusal included (header `Idempotent-Replayed: true`)."
         ),
         parameters=[
             OpenApiParameter(
@@ -371,7 +380,13 @@ class DocumentView(CoordinationView):
         def write_once() -> dict[str, Any]:
             nonlocal ran
             ran = True
-            return {"request": fingerprint, "response": write()}
+            try:
+                return {"request": fingerprint, "status": 200, "response": write()}
+            except FENCE_REFUSALS as refusal:
+                # A refusal is final for this write, so it is the stored answer too:
+                # the retry gets it again, and the rejection record commits with it
+                # (on SQLite it would otherwise roll back with this transaction).
+                return {"request": fingerprint, "status": refusal.status_code, "response": refusal.as_dict()}
 
         # Scoped per user and document; hashed to fit the record's 255 characters.
         scope = f"{request.user.pk}\0{name}\0{idempotency_key}".encode()
@@ -380,7 +395,7 @@ class DocumentView(CoordinationView):
         if stored["request"] != fingerprint:
             raise IdempotencyKeyReused()
         headers = {} if ran else {"Idempotent-Replayed": "true"}
-        return Response(stored["response"], headers=headers)
+        return Response(stored["response"], status=stored["status"], headers=headers)
 
 
 def _idempotency_key(request: Request) -> str | None:
