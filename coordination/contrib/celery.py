@@ -30,12 +30,13 @@ from ..conf import app_settings
 from ..exceptions import InvalidInput, LockHeld
 from ..models import Grant, Lock
 from .execution import (
+    KeepAlive,
     LockSpec,
     OnBusy,
     Skipped,
-    fenced_execution,
     holder_name,
     lock_key_for,
+    release_quietly,
     skipped,
 )
 
@@ -122,23 +123,39 @@ class FencedTask(Task):  # type: ignore[type-arg]  # the body's signature is not
         key = self.lock_key(args, kwargs)
         if self.fenced_supersede and (passed := self._superseded(key)) is not None:
             return passed
-        holder = holder_name(self.name, request.id, request.retries + 1)
+        ttl = float(app_settings.DEFAULT_TTL if self.fenced_ttl is None else self.fenced_ttl)
         try:
-            with fenced_execution(
+            grant = locks.acquire(
                 key,
-                holder=holder,
-                ttl=self.fenced_ttl,
+                holder=holder_name(self.name, request.id, request.retries + 1),
+                ttl=ttl,
                 wait=self.fenced_wait,
-                keepalive=self.fenced_keepalive,
-            ) as grant:
+            )
+        except LockHeld as held:
+            return self._on_busy(key, held)
+        end = _LeaseEnd(grant, KeepAlive(grant, ttl=ttl).start() if self.fenced_keepalive else None)
+        request.coordination_grant = grant  # type: ignore[attr-defined]
+        request.coordination_lease_end = end  # type: ignore[attr-defined]
+        try:
+            with locks.use_grant(grant):
                 if self.fenced_supersede and (passed := self._superseded(key)) is not None:
                     return passed
-                request.coordination_grant = grant  # type: ignore[attr-defined]
                 return self.run(*args, **kwargs)
-        except LockHeld as held:
-            if getattr(request, "coordination_grant", None) is not None:
-                raise  # raised by the body (a lock it takes itself), not by our acquire
-            return self._on_busy(key, held)
+        finally:
+            end()
+
+    def retry(self, *args: Any, **kwargs: Any) -> Any:
+        """``Task.retry``, after ending this execution's lease.
+
+        The retry message is sent before the body's exception unwinds; releasing
+        first means the retry (with ``countdown=0`` on another process, say) never
+        finds the lock held by the execution that sent it. ``autoretry_for``
+        retries come through here too.
+        """
+        end = getattr(self.request, "coordination_lease_end", None)
+        if end is not None:
+            end()
+        return super().retry(*args, **kwargs)
 
     def _on_busy(self, key: str, held: LockHeld) -> Skipped:
         if self.fenced_on_busy == "raise":
@@ -184,6 +201,24 @@ class FencedTask(Task):  # type: ignore[type-arg]  # the body's signature is not
                 "task %s[%s] has a malformed %s header", self.name, request.id, ENQUEUE_TOKEN_HEADER
             )
             return None
+
+
+class _LeaseEnd:
+    """Ends one execution's lease once: stop the keep-alive, then release the grant's own lease."""
+
+    def __init__(self, grant: Grant, keepalive: KeepAlive | None) -> None:
+        self.grant = grant
+        self.keepalive = keepalive
+        self.done = False
+
+    def __call__(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        # The keep-alive stops first, so it cannot renew (and fail on) a released lease.
+        if self.keepalive is not None:
+            self.keepalive.stop()
+        release_quietly(self.grant)
 
 
 @overload
