@@ -130,7 +130,9 @@ def bump_tokens(
             if holder:
                 held.append(key)
         if apply:
-            _bump_free_locks([pk for pk, *_ in batch], by, alias)
+            # Held is decided again under the row locks: a lock acquired since
+            # the listing is revoked and bumped like the others.
+            held = _bump_free_locks([pk for pk, *_ in batch], by, alias)
             for key in held:
                 _revoke_then_bump(key, by, alias, say)
         report.locks_bumped += len(batch)
@@ -140,13 +142,16 @@ def bump_tokens(
     return report
 
 
-def _bump_free_locks(pks: list[int], by: int, alias: str) -> None:
+def _bump_free_locks(pks: list[int], by: int, alias: str) -> list[str]:
+    """Bump the locks of ``pks`` that are free; return the keys of those with a lease."""
     with transaction.atomic(using=alias):
         rows = Lock.objects.using(alias).select_for_update().filter(pk__in=pks).order_by("pk")
-        free = [pk for pk, holder in rows.values_list("pk", "holder") if not holder]
+        found = list(rows.values_list("pk", "key", "holder"))
+        free = [pk for pk, _key, holder in found if not holder]
         Lock.objects.using(alias).filter(pk__in=free, token__lte=MAX_TOKEN - by).update(
             token=F("token") + by
         )
+    return [key for _pk, key, holder in found if holder]
 
 
 def _revoke_then_bump(key: str, by: int, alias: str, say: Say, attempts: int = 5) -> None:

@@ -210,3 +210,18 @@ def test_bump_and_raise_together_for_one_restored_database() -> None:
 def test_row_key_refuses_values_no_grant_can_match() -> None:
     assert restore._row_key(Account, "account:{pk}", {"pk": 7}) == "account:7"
     assert restore._row_key(Account, "account:{pk}", {"pk": "a:b"}) is None
+
+
+def test_a_lock_acquired_after_the_listing_is_still_revoked_and_bumped() -> None:
+    LockFactory(key="job:1", token=5)
+    raced: list[locks.Grant] = []
+
+    def acquire_meanwhile(line: str) -> None:
+        if not raced:  # between the listing and the batch's row locks
+            raced.append(locks.acquire("job:1", holder="late", ttl=30))
+
+    report = restore.bump_tokens(10, apply=True, say=acquire_meanwhile)
+
+    assert Grant.objects.get(token=raced[0].token).end_reason == GrantEnd.REVOKED
+    assert Lock.objects.values_list("token", "holder").get() == (raced[0].token + 10, "")
+    assert (report.locks_bumped, report.leases_revoked) == (1, 1)
