@@ -176,10 +176,15 @@ class KeepAlive:
         return self
 
     def stop(self) -> None:
-        """Stop renewing; returns once a renewal in flight has finished."""
+        """Stop renewing; returns once a renewal in flight has finished (or ``ttl`` passed).
+
+        A renewal stuck on an unreachable database must not hold up the task's
+        exit: after ``ttl`` the lease is over anyway, and a renewal that lands
+        after the release fails harmlessly.
+        """
         self._stopping.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join()
+            self._thread.join(max(self.ttl, 1.0))
 
     def _run(self) -> None:
         try:
