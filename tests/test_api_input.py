@@ -58,8 +58,8 @@ def assert_refused(response: Any, status: int, code: str, before: Any, field: st
 
 
 WRONG_TYPES_FOR_INTEGERS = ["1", 1.5, 1.0, True, None, {"v": 1}, [1]]
-BAD_TOKENS = [*WRONG_TYPES_FOR_INTEGERS, 0, -1, 2**63, 2**64, MAX_TOKEN * 10]
-BAD_SECONDS = ["1", True, None, {"v": 1}, [1], 0, -1, 10**9]
+BAD_TOKENS = [*WRONG_TYPES_FOR_INTEGERS, 0, -1, 2**63, 2**64, MAX_TOKEN * 10, 10**400, -(10**400)]
+BAD_SECONDS = ["1", True, None, {"v": 1}, [1], 0, -1, 10**9, 10**400, -(10**400)]
 BAD_HOLDERS = [1, True, None, {"v": 1}, ["a"], "", "   ", "x" * 201, "tab\there", "nul\x00"]
 
 

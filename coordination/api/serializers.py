@@ -74,9 +74,13 @@ class StrictSecondsField(serializers.FloatField):
             raise serializers.ValidationError(
                 f"Must be a JSON number of seconds, not {_type_name(data)}.", code="invalid"
             )
-        if not math.isfinite(data):
+        try:
+            seconds = float(data)
+        except OverflowError:  # an integer too large for a float
+            seconds = math.inf
+        if not math.isfinite(seconds):
             raise serializers.ValidationError("Must be a finite number.", code="invalid")
-        return float(data)
+        return seconds
 
 
 class StrictCharField(serializers.CharField):
