@@ -6,8 +6,10 @@ import datetime as dt
 from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
+from unittest import mock
 
 import pytest
+from django.db import DatabaseError
 from django.test import Client, override_settings
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
@@ -15,7 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from coordination import locks, signals
 from coordination.exceptions import DuplicateWrite, LeaseLost, StaleToken, WrongLock
 from coordination.fencing import fence
-from coordination.models import Grant
+from coordination.metrics import LockStateCollector
+from coordination.models import Grant, Lock
 
 from .conftest import wait_until_database_time_passes
 from .factories import AccountFactory, LockFactory
@@ -144,6 +147,14 @@ def test_scrape_reports_lock_states_from_the_database(client: Client) -> None:
     assert samples[("coordination_database_up", ())] == 1
     assert ("coordination_grants_total", ()) in samples
     assert ("coordination_fenced_writes_total", (("outcome", "stale_token"),)) in samples
+
+
+def test_scrape_survives_an_unreadable_lock_table() -> None:
+    with mock.patch.object(Lock.objects, "using", side_effect=DatabaseError("gone")):
+        families = {family.name: family for family in LockStateCollector().collect()}
+
+    assert [sample.value for sample in families["coordination_database_up"].samples] == [0]
+    assert "coordination_locks" not in families
 
 
 @override_settings(COORDINATION={"METRICS_PUBLIC": True})

@@ -70,7 +70,7 @@ def test_bump_is_a_dry_run_without_apply() -> None:
 def test_bump_revokes_a_lease_recorded_in_the_restored_rows() -> None:
     held = locks.acquire("job:1", holder="paused-worker", ttl=60)
 
-    out, _ = guard("--bump", "50", "--apply")
+    out, err = guard("--bump", "50", "--apply")
 
     grant = Grant.objects.get(lock__key="job:1", token=held.token)
     assert grant.end_reason == GrantEnd.REVOKED
@@ -81,6 +81,7 @@ def test_bump_revokes_a_lease_recorded_in_the_restored_rows() -> None:
     assert locks.acquire("job:1", holder="w", ttl=30).token == held.token + 51
     assert "bumped 1 lock counter(s) by 50" in out
     assert "revoked 1 lease(s)" in out
+    assert "1 lease(s) are live by the database clock: are all clients stopped?" in err
 
 
 def test_bump_refuses_to_pass_the_largest_token_and_changes_nothing() -> None:

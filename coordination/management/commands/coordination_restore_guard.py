@@ -12,8 +12,9 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from coordination import restore
+from coordination.conf import app_settings
 from coordination.exceptions import CoordinationError
-from coordination.models import MAX_TOKEN
+from coordination.models import MAX_TOKEN, Lock
 
 
 def _positive(text: str) -> int:
@@ -68,6 +69,14 @@ class Command(BaseCommand):
         }
         if not apply:
             self.stdout.write("Dry run: nothing will be changed (add --apply to change it).")
+        live = Lock.objects.using(options["database"] or app_settings.DATABASE).held().count()
+        if live:
+            # Leases restored from a backup have long run out by the database
+            # clock; live ones mean clients are acquiring right now.
+            self.stderr.write(
+                f"WARNING: {live} lease(s) are live by the database clock: are all clients "
+                "stopped? A grant made between the restore and the guard is not protected."
+            )
         try:
             if bump is not None:
                 restore.bump_tokens(bump, **kwargs)
