@@ -47,12 +47,15 @@ def broker() -> str:
 def workers(
     django_db_setup: None, broker: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, Worker]]:
-    """A solo-pool worker and a prefork worker, each on a queue of its own."""
+    """A solo, a prefork and a threads worker, each on a queue of its own."""
     log_dir = tmp_path_factory.mktemp("worker-logs")
     started = {
         "solo": start_worker("solo", unique("solo"), log_dir, broker=broker),
         "prefork": start_worker(
             "prefork", unique("prefork"), log_dir, broker=broker, pool="prefork", concurrency=2
+        ),
+        "threads": start_worker(
+            "threads", unique("threads"), log_dir, broker=broker, pool="threads", concurrency=2
         ),
     }
     try:
@@ -357,3 +360,31 @@ def test_supersede_runs_only_the_latest_enqueue_and_acks_the_others_unrun(
     while client.llen(worker.queue) or client.zcard("unacked_index"):
         assert time.monotonic() < deadline, "superseded messages were not acknowledged"
         time.sleep(0.05)
+
+
+def test_threads_pool_keeps_each_concurrent_tasks_grant_to_its_own_thread(
+    workers: dict[str, Worker], broker: str, tmp_path: Path
+) -> None:
+    worker = workers["threads"]
+    accounts = [AccountFactory(balance=Decimal("100.00")) for _ in range(2)]
+    report = tmp_path / "events.jsonl"
+    for index, account in enumerate(accounts):
+        (tmp_path / f"pause-{index}").touch()
+        send(tasks.deposit, worker.queue, broker, account.pk, "1",
+             kwargs={"report": str(report), "pause_once": str(tmp_path / f"pause-{index}")})
+    deadline = time.monotonic() + 30
+    while len([e for e in events(report) if e["event"] == "acquired"]) < 2:
+        assert time.monotonic() < deadline, (events(report), worker.log_text()[-3000:])
+        time.sleep(0.05)
+    for index in range(2):
+        (tmp_path / f"pause-{index}.go").touch()
+    while len([e for e in events(report) if e["event"] == "written"]) < 2:
+        assert time.monotonic() < deadline, (events(report), worker.log_text()[-3000:])
+        time.sleep(0.05)
+
+    acquired = [e for e in events(report) if e["event"] == "acquired"]
+    assert acquired[0]["pid"] == acquired[1]["pid"]  # one process, two threads at once
+    for account in accounts:
+        assert balance(account) == Decimal("101.00")
+        grant = Grant.objects.get(lock__key=f"account:{account.pk}")
+        assert (grant.token, grant.end_reason) == (1, GrantEnd.RELEASED)
