@@ -338,3 +338,16 @@ def test_a_collection_without_its_slash_redirects(setup: Any) -> None:
     response = client.get("/api/locks?page_size=1")
     assert response.status_code == 301
     assert response["Location"] == "/api/locks/?page_size=1"
+
+
+@pytest.mark.parametrize(
+    "raw_data",
+    [b'"nul\\u0000"', b'{"k\\u0000": 1}', b'"\\ud800"', b'{"\\udfff": 1}', b"[" * 102 + b"]" * 102],
+    ids=["nul", "nul-in-key", "lone-surrogate", "surrogate-key", "too-deep"],
+)
+def test_document_data_a_json_column_cannot_store_is_invalid(setup: Any, raw_data: bytes) -> None:
+    client, grant = setup
+    before = database_state()
+    body = json.dumps(document_body(grant, data=...))[:-1].encode() + b', "data": ' + raw_data + b"}"
+    response = send_json(client, "put", "/api/documents/doc", body)
+    assert_refused(response, 400, "invalid", before, "data")

@@ -127,6 +127,39 @@ def _token_field(**kwargs: Any) -> StrictIntegerField:
     return StrictIntegerField(min_value=1, max_value=MAX_TOKEN, **kwargs)
 
 
+DATA_MAX_DEPTH = 100
+
+
+def _storable_json(value: Any, depth: int = 0) -> None:
+    """Refuse what a JSON column cannot store: NUL characters, lone surrogates, deep nesting.
+
+    PostgreSQL's jsonb rejects ``\\u0000`` and the driver cannot encode a lone
+    surrogate; both would otherwise fail at the database as a server error.
+    """
+    if depth > DATA_MAX_DEPTH:
+        raise serializers.ValidationError(f"Nested deeper than {DATA_MAX_DEPTH} levels.", code="invalid")
+    if isinstance(value, str):
+        _storable_text(value)
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            _storable_text(str(key))
+            _storable_json(item, depth + 1)
+    elif isinstance(value, list):
+        for item in value:
+            _storable_json(item, depth + 1)
+
+
+def _storable_text(text: str) -> None:
+    if "\x00" in text:
+        raise serializers.ValidationError("Strings must not contain NUL (\\u0000).", code="invalid")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise serializers.ValidationError(
+            "Strings must be valid Unicode (no lone surrogates).", code="invalid"
+        ) from None
+
+
 # --- requests ----------------------------------------------------------------------
 
 
@@ -218,7 +251,9 @@ class DocumentWrite(LeaseProof):
     )
     # The contract names this field "data"; DRF's metaclass moves declared fields off
     # the class, so it does not really shadow Serializer.data as mypy believes.
-    data = serializers.JSONField(allow_null=True, help_text="Any JSON value.")  # type: ignore[assignment]
+    data = serializers.JSONField(  # type: ignore[assignment]
+        allow_null=True, help_text="Any JSON value.", validators=[_storable_json]
+    )
 
 
 class RejectionFilter(serializers.Serializer[Any]):
