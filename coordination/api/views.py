@@ -59,9 +59,9 @@ from .serializers import (
 )
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
+IDEMPOTENCY_KEY_MAX_LENGTH = 128
 # What the fence answers a write it refuses; stored as the answer of an idempotent PUT.
 FENCE_REFUSALS = (StaleToken, DuplicateWrite, WrongLock, LeaseLost)
-IDEMPOTENCY_KEY_MAX_LENGTH = 128
 
 _ERRORS = {
     400: "invalid (per-field `errors`), parse_error",
