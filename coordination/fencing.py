@@ -383,9 +383,21 @@ def record_rejection(
         _insert_on_own_connection(rejection, alias)
     else:
         rejection.save(using=alias)
+    # key=value for log search; the same fields under record.coordination for
+    # JSON formatters (one attribute, so no clash with LogRecord's own names).
     logger.warning(
-        "write refused reason=%s resource=%s key=%s token=%d step=%d watermark=%s",
-        reason, resource, grant.key, grant.token, step, watermark,
+        "write refused reason=%s resource=%s key=%s token=%d step=%d holder=%s "
+        "watermark_token=%s watermark_step=%s",
+        reason, resource, grant.key, grant.token, step, grant.holder,
+        rejection.watermark_token, rejection.watermark_step,
+        extra={
+            "coordination": {
+                "event": "write_refused", "reason": str(reason), "resource": resource,
+                "key": grant.key, "token": grant.token, "step": step, "holder": grant.holder,
+                "watermark_token": rejection.watermark_token,
+                "watermark_step": rejection.watermark_step,
+            }
+        },
     )
     signals.write_rejected.send(sender=Rejection, rejection=rejection)
     return rejection

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
@@ -201,3 +202,46 @@ def test_a_bearer_token_is_refused_when_none_is_configured(client: Client) -> No
 @override_settings(COORDINATION={"METRICS_PUBLIC": True})
 def test_metrics_accept_only_get(client: Client) -> None:
     assert client.post("/metrics").status_code == 405
+
+
+# --- log lines -----------------------------------------------------------------------
+
+
+class Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture
+def fencing_log() -> Iterator[Records]:
+    handler, logger = Records(), logging.getLogger("coordination.fencing")
+    logger.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+
+
+def test_a_refused_write_is_logged_as_key_value_and_structured_fields(fencing_log: Records) -> None:
+    old = locks.acquire("mailer:1", holder="A", ttl=0.1)
+    wait_until_database_time_passes(old.expires_at)
+    new = locks.acquire("mailer:1", holder="B", ttl=30)
+    with fence("mailbox-1", new):
+        pass
+    with pytest.raises(StaleToken), fence("mailbox-1", old):
+        pass
+
+    (record,) = [r for r in fencing_log.records if r.getMessage().startswith("write refused")]
+    assert record.getMessage() == (
+        f"write refused reason=stale_token resource=mailbox-1 key=mailer:1 token={old.token} "
+        f"step=1 holder=A watermark_token={new.token} watermark_step=1"
+    )
+    assert record.coordination == {  # type: ignore[attr-defined]
+        "event": "write_refused", "reason": "stale_token", "resource": "mailbox-1",
+        "key": "mailer:1", "token": old.token, "step": 1, "holder": "A",
+        "watermark_token": new.token, "watermark_step": 1,
+    }
