@@ -108,8 +108,12 @@ class FencedTask(Task):  # type: ignore[type-arg]  # the body's signature is not
             headers = dict(options.get("headers") or {})
             if ENQUEUE_TOKEN_HEADER not in headers:
                 key = self.lock_key(args, kwargs)
+                # A short lease, released at once: only its token matters.
                 ticket = locks.acquire(
-                    supersede_key(key), holder=f"enqueue {self.name}", ttl=5.0, wait=10.0
+                    supersede_key(key),
+                    holder=f"enqueue {self.name}",
+                    ttl=max(5.0, float(app_settings.MIN_TTL)),
+                    wait=min(10.0, float(app_settings.MAX_WAIT)),
                 )
                 locks.release(ticket)
                 headers[ENQUEUE_TOKEN_HEADER] = ticket.token
