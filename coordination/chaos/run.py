@@ -26,7 +26,7 @@ from django.db import DatabaseError, InterfaceError, connections
 from .checker import Report, check
 from .faults import FAULT_KINDS, ManagedPostgres
 from .history import HistoryWriter, iso, merge
-from .worker import HOLDING
+from .worker import HOLDING, STARTING
 
 __all__ = ["ChaosConfig", "ChaosRun"]
 
@@ -51,6 +51,8 @@ class ChaosConfig:
     fault_interval: float = 1.5
     documents: bool | None = None  # None: when coordination.documents is installed
     faults: tuple[str, ...] = field(default=FAULT_KINDS)
+    celery: bool = False  # the workers are `celery worker` processes running a fenced task
+    celery_app: str = "project"
 
 
 @dataclass
@@ -62,9 +64,15 @@ class WorkerProcess:
     paused_until: float | None = None
 
     def holding(self) -> bool:
+        return self._phase() == HOLDING
+
+    def starting(self) -> bool:
+        return self._phase() == STARTING
+
+    def _phase(self) -> bytes:
         with contextlib.suppress(OSError):
-            return self.phase.read_bytes()[:1] == HOLDING
-        return False
+            return self.phase.read_bytes()[:1]
+        return b""
 
 
 class Output(Protocol):
@@ -88,6 +96,8 @@ class ChaosRun:
         self.accounts: list[int] = []
         self.documents = False
         self.started = 0.0
+        self.queue = f"coordination-chaos-{os.getpid()}-{self.seed:x}"
+        self.sent = 0
 
     # --- the run ----------------------------------------------------------------
 
@@ -114,10 +124,12 @@ class ChaosRun:
         self._say(
             f"chaos: {config.workers} workers, {config.keys} keys, ttl {config.ttl:g} s, "
             f"{config.seconds:g} s, seed {self.seed}, fencing {'on' if config.fencing else 'OFF'}, "
+            f"{'celery workers running a fenced task, ' if config.celery else ''}"
             f"faults: {', '.join(kinds) or 'none'}"
         )
         for _ in range(config.workers):
             self._spawn()
+        self._wait_until_ready()
         self.started = time.monotonic()
         deadline = self.started + config.seconds
         pending = list(kinds)
@@ -125,6 +137,8 @@ class ChaosRun:
         next_fault = self.started + self._fault_gap()
         next_sample = self.started
         while (now := time.monotonic()) < deadline:
+            if config.celery:
+                self._send_tasks(now)
             self._resume_due(now)
             self._replace_exited()
             if now >= next_sample:
@@ -213,7 +227,7 @@ class ChaosRun:
         self.spawned += 1
         name = f"w{self.spawned}"
         phase = self.workdir / f"{name}.phase"
-        phase.write_bytes(b"-")
+        phase.write_bytes(STARTING)
         config = {
             "worker": name, "number": self.spawned, "parent": os.getpid(),
             "accounts": self.accounts, "ttl": self.config.ttl,
@@ -225,15 +239,40 @@ class ChaosRun:
         config_path = self.workdir / f"{name}.json"
         config_path.write_text(json.dumps(config))
         stderr = self.workdir / f"{name}.stderr"
-        environment = {**os.environ, "PYTHONPATH": os.pathsep.join(_import_roots())}
+        environment = {
+            **os.environ, "PYTHONPATH": os.pathsep.join(_import_roots()),
+            "DJANGO_SETTINGS_MODULE": settings.SETTINGS_MODULE,
+        }
+        command = [sys.executable, "-m", "coordination.chaos.worker", str(config_path)]
+        if self.config.celery:
+            from .celery_tasks import CONFIG_ENVIRONMENT
+
+            environment[CONFIG_ENVIRONMENT] = str(config_path)
+            # The solo pool runs the task in the worker process itself, so a
+            # SIGSTOP of that process pauses the task mid-way.
+            command = [
+                sys.executable, "-m", "celery", "-A", self.config.celery_app, "worker",
+                "-P", "solo", "-Q", self.queue, "-n", f"{name}@%h",
+                "--include", "coordination.chaos.celery_tasks",
+                "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "WARNING",
+            ]
         with open(stderr, "wb") as errors:
             process = subprocess.Popen(
-                [sys.executable, "-m", "coordination.chaos.worker", str(config_path)],
-                stdin=subprocess.DEVNULL, stdout=errors, stderr=errors, env=environment,
+                command, stdin=subprocess.DEVNULL, stdout=errors, stderr=errors, env=environment,
             )
         worker = WorkerProcess(name, process, phase, stderr)
         self.workers.append(worker)
         return worker
+
+    def _wait_until_ready(self, timeout: float = 120) -> None:
+        """The run's clock starts when every worker has started (Celery workers take
+        seconds on a loaded machine)."""
+        deadline = time.monotonic() + timeout
+        while any(worker.starting() for worker in self.workers):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"workers did not start within {timeout:g} s")
+            self._replace_exited()
+            time.sleep(0.05)
 
     def _replace_exited(self) -> None:
         for worker in list(self.workers):
@@ -268,6 +307,25 @@ class ChaosRun:
             if worker.process.poll() is None:
                 worker.process.kill()
                 worker.process.wait()
+
+    def _send_tasks(self, now: float) -> None:
+        """Keep the Celery workers busy: about one task per worker and lease length.
+        Tasks expire unstarted after a few leases, so a backlog never builds up."""
+        from .celery_tasks import chaos_cycle
+
+        due = int((now - self.started) * self.config.workers / self.config.ttl) + self.config.workers
+        while self.sent < due:
+            chaos_cycle.apply_async(
+                args=[self.rng.choice(self.accounts)], queue=self.queue, expires=3 * self.config.ttl
+            )
+            self.sent += 1
+
+    def _delete_queue(self) -> None:
+        from celery import current_app
+
+        with contextlib.suppress(Exception), current_app.connection_for_write() as connection:
+            channel: Any = connection.default_channel
+            channel.queue_delete(self.queue)
 
     # --- faults ------------------------------------------------------------------
 
@@ -309,7 +367,7 @@ class ChaosRun:
     def _pick_holding(self) -> WorkerProcess | None:
         """A running worker that holds a lease and has not written yet, if one shows up
         soon (its pause then straddles the lease's expiry); else any running worker."""
-        running = [w for w in self.workers if w.paused_until is None]
+        running = [w for w in self.workers if w.paused_until is None and not w.starting()]
         if len(running) <= 1:
             return None  # keep someone running, to take the lock over
         deadline = time.monotonic() + self.config.ttl
@@ -384,6 +442,8 @@ class ChaosRun:
             documents=self.documents, managed_postgres=self.server is not None, database=self.vendor,
             faults_requested=list(self._available_faults()),
             faults_missing=sorted(set(self._available_faults()) - set(report.figures["faults_by_kind"])),
+            worker_crashes=sum(1 for event in events if event.get("type") == "worker_exit"),
+            celery=self.config.celery, tasks_sent=self.sent,
         )
         return report
 
@@ -398,6 +458,8 @@ class ChaosRun:
             with contextlib.suppress(Exception):
                 worker.process.wait(10)
         self.workers.clear()
+        if self.config.celery:
+            self._delete_queue()
         if self.log is not None:
             with contextlib.suppress(Exception):
                 self.log.close()

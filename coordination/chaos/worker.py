@@ -29,7 +29,7 @@ from .history import HistoryWriter, iso
 
 # Phases the controller reads from the phase file, to pause a worker while it
 # holds a lease and has not written yet: the pause then straddles its expiry.
-IDLE, HOLDING = b"-", b"H"
+STARTING, IDLE, HOLDING = b"S", b"-", b"H"
 
 
 class Worker:
@@ -50,6 +50,8 @@ class Worker:
         self.ops = 0
         self.writes = 0
         self.stopping = False
+        self.failures = 0  # database errors in a row: back off while the server is away
+        self.set_phase(IDLE)  # ready: the controller starts its clock once every worker is
 
     # --- logging around every call ------------------------------------------
 
@@ -81,6 +83,7 @@ class Worker:
             self.history.write(done)
             self.reconnect()
             return "unknown", error
+        self.failures = 0
         done.update(outcome="ok", **result)
         self.history.write(done)
         return "ok", result
@@ -100,7 +103,8 @@ class Worker:
         # Django opens a new connection on the next query once this one is closed.
         with contextlib.suppress(Exception):
             self.connection.close()
-        time.sleep(self.rng.uniform(0.05, 0.2))
+        self.failures += 1
+        time.sleep(min(1.0, 0.05 * 2 ** min(self.failures, 5)) * self.rng.uniform(0.5, 1.0))
 
     def set_phase(self, phase: bytes) -> None:
         os.pwrite(self.phase_fd, phase, 0)
@@ -132,6 +136,11 @@ class Worker:
         if outcome != "ok":
             return
         grant = holder["grant"]
+        self.work(grant, pk)
+        self.release(grant)
+
+    def work(self, grant: Any, pk: int) -> None:
+        """The writes made under one grant."""
         self.set_phase(HOLDING)
         try:
             # "Work" before writing: a pause here is the seed's timeline, A holds
@@ -145,7 +154,20 @@ class Worker:
                 self.write_document(grant, pk)
         finally:
             self.set_phase(IDLE)
-        self.release(grant)
+
+    def fenced_task_execution(self, grant: Any, pk: int, invoked: float) -> None:
+        """The Celery variant: the task decorator acquired ``grant`` (and releases it);
+        log that acquire, then make the same writes."""
+        self.ops += 1
+        op_id = f"{self.name}-{self.ops}"
+        self.history.write({"type": "invoke", "id": op_id, "op": "acquire", "worker": self.name,
+                            "key": grant.key, "mono": invoked})
+        self.history.write({
+            "type": "complete", "id": op_id, "outcome": "ok", "token": grant.token,
+            "holder": grant.holder, "acquired_at": iso(grant.acquired_at),
+            "expires_at": iso(grant.expires_at),
+        })
+        self.work(grant, pk)
 
     def renew(self, grant: Any) -> None:
         from coordination import locks
@@ -245,7 +267,7 @@ class Worker:
         self.perform("write", self.write_fields(grant, resource, step, value), write)
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Ask Linux to SIGKILL this worker when the controller dies, however it dies."""
     with contextlib.suppress(Exception):
         import ctypes
@@ -258,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     with open(argv[0], encoding="utf-8") as source:
         config = json.load(source)
-    _die_with_parent()
+    die_with_parent()
     if os.getppid() != int(config["parent"]):
         return 1  # the controller is already gone
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", config["settings"])

@@ -49,6 +49,13 @@ class Command(BaseCommand):
             help=f"comma-separated fault kinds (default: all of {', '.join(FAULT_KINDS)})",
         )
         parser.add_argument(
+            "--celery", action="store_true",
+            help="the workers are `celery worker` processes running a fenced_task (needs a broker)",
+        )
+        parser.add_argument(
+            "--celery-app", default="project", help="the Celery app module for --celery (default project)"
+        )
+        parser.add_argument(
             "--no-documents", dest="documents", action="store_false", default=None,
             help="leave the fenced document store out of the workload",
         )
@@ -65,6 +72,7 @@ class Command(BaseCommand):
             ttl=options["ttl"], seed=options["seed"], fencing=options["fencing"],
             manage_postgres=options["manage_postgres"], history=options["history"],
             fault_interval=options["fault_interval"], documents=options["documents"], faults=faults,
+            celery=options["celery"], celery_app=options["celery_app"],
         )
         try:
             report = ChaosRun(config, out=self.stdout).run()
