@@ -64,7 +64,6 @@ class FencedTask(Task):  # type: ignore[type-arg]  # the body's signature is not
     ``fenced_supersede``.
     """
 
-    abstract = True
     fenced_lock: LockSpec | None = None
     fenced_ttl: float | None = None
     fenced_wait: float = 0.0
