@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import json
+import urllib.error
+import urllib.request
 from typing import Any
 
 import pytest
@@ -11,7 +14,7 @@ from rest_framework.test import APIClient
 
 from coordination.models import Document, Fence, Grant, Rejection
 
-from .api_support import ALL_PERMISSIONS, client_for, full_client, make_user, post, put
+from .api_support import ALL_PERMISSIONS, client_for, full_client, make_user, post, put, token_for
 from .conftest import run_in_threads, wait_until_database_time_passes
 from .factories import LockFactory
 
@@ -133,3 +136,40 @@ def test_concurrent_acquires_without_waiting_grant_exactly_one() -> None:
             assert body["code"] == "lock_held"
             assert body["holder"] == winner["holder"]
     assert Grant.objects.filter(lock__key="once").count() == 1
+
+
+def test_real_http_clients_acquiring_one_key_get_unique_increasing_tokens(live_server: Any) -> None:
+    # Real sockets and a threaded WSGI server in front of the same views.
+    clients = 6
+    tokens_of_users = [token_for(make_user("acquire_lock")) for _ in range(clients)]
+
+    def call(index: int, action: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        request = urllib.request.Request(
+            f"{live_server.url}/api/locks/wire/{action}",
+            data=json.dumps(body).encode(),
+            method="POST",
+            headers={"Authorization": f"Token {tokens_of_users[index]}", "Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                return response.status, json.load(response)
+        except urllib.error.HTTPError as error:
+            return error.code, json.load(error)
+
+    def work(index: int) -> list[int]:
+        tokens = []
+        for _ in range(2):
+            status, grant = call(index, "acquire", {"holder": f"http-{index}", "ttl": 10, "wait": 30})
+            assert status == 201, grant
+            tokens.append(grant["token"])
+            status, body = call(index, "release", {"token": grant["token"], "lease_id": grant["lease_id"]})
+            assert status == 200, body
+        return tokens
+
+    per_client = run_in_threads(clients, work)
+    tokens = [token for own in per_client for token in own]
+    assert len(set(tokens)) == len(tokens) == clients * 2
+    # Each client's later grant has the higher token.
+    assert all(first < second for first, second in per_client)
+    status, refused = call(0, "release", {"token": 1, "lease_id": "forged"})
+    assert (status, refused["code"]) == (409, "lease_lost")
