@@ -20,9 +20,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FAULT_KINDS", "ManagedPostgres", "postgres_bindir"]
+__all__ = ["FAULT_KINDS", "ManagedPostgres", "ManagedServerError", "postgres_bindir"]
 
 FAULT_KINDS = ("pause", "kill", "terminate_backend", "restart_fast", "restart_immediate")
+
+
+class ManagedServerError(RuntimeError):
+    """The throwaway PostgreSQL server could not be set up, started or restarted."""
 
 
 def postgres_bindir() -> Path | None:
@@ -64,7 +68,7 @@ class ManagedPostgres:
     def __init__(self, bindir: Path | None = None) -> None:
         found = bindir or postgres_bindir()
         if found is None:
-            raise RuntimeError(
+            raise ManagedServerError(
                 "--manage-postgres needs the PostgreSQL server binaries (initdb, pg_ctl); "
                 "install postgresql or set COORDINATION_PG_BINDIR"
             )
@@ -82,7 +86,7 @@ class ManagedPostgres:
             command = ["runuser", "-u", "postgres", "--", *command]
         result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
         if result.returncode != 0:
-            raise RuntimeError(
+            raise ManagedServerError(
                 f"{args[0]} failed ({result.returncode}): {result.stderr.strip() or result.stdout.strip()}"
             )
 

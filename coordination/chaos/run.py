@@ -28,7 +28,7 @@ from .faults import FAULT_KINDS, ManagedPostgres
 from .history import HistoryWriter, iso, merge
 from .worker import HOLDING, STARTING
 
-__all__ = ["ChaosConfig", "ChaosRun"]
+__all__ = ["ChaosConfig", "ChaosError", "ChaosRun"]
 
 MANAGED_ALIAS = "coordination_chaos"
 # After the first round (every kind once), pauses are the fault that makes stale
@@ -36,6 +36,10 @@ MANAGED_ALIAS = "coordination_chaos"
 FAULT_WEIGHTS = {
     "pause": 0.5, "kill": 0.12, "terminate_backend": 0.2, "restart_fast": 0.09, "restart_immediate": 0.09,
 }
+
+
+class ChaosError(RuntimeError):
+    """The run could not be carried out (as opposed to a run that found violations)."""
 
 
 @dataclass
@@ -97,6 +101,7 @@ class ChaosRun:
         self.documents = False
         self.started = 0.0
         self.queue = f"coordination-chaos-{os.getpid()}-{self.seed:x}"
+        self.crashes = 0
         self.sent = 0
 
     # --- the run ----------------------------------------------------------------
@@ -219,7 +224,7 @@ class ChaosRun:
                 with contextlib.suppress(Exception):
                     connections[self.alias].close()
                 time.sleep(0.2)
-        raise RuntimeError("the database did not come back within 10 s")
+        raise ChaosError("the database did not come back within 10 s")
 
     # --- workers -----------------------------------------------------------------
 
@@ -269,9 +274,14 @@ class ChaosRun:
         seconds on a loaded machine)."""
         deadline = time.monotonic() + timeout
         while any(worker.starting() for worker in self.workers):
+            for worker in self.workers:
+                if worker.process.poll() is not None:
+                    raise ChaosError(
+                        f"worker {worker.name} exited with {worker.process.returncode} while starting:\n"
+                        + worker.stderr.read_text(errors="replace")[-3000:]
+                    )
             if time.monotonic() > deadline:
-                raise RuntimeError(f"workers did not start within {timeout:g} s")
-            self._replace_exited()
+                raise ChaosError(f"workers did not start within {timeout:g} s")
             time.sleep(0.05)
 
     def _replace_exited(self) -> None:
@@ -284,6 +294,9 @@ class ChaosRun:
             assert self.log is not None
             self.log.write({"type": "worker_exit", "worker": worker.name, "returncode": code, "stderr": tail})
             self._say(f"chaos: worker {worker.name} exited with {code} on its own; starting another\n{tail}")
+            self.crashes += 1
+            if self.crashes > 20:
+                raise ChaosError(f"workers keep exiting on their own; the last one said:\n{tail}")
             self._spawn()
 
     def _resume_due(self, now: float) -> None:

@@ -13,10 +13,11 @@ import json
 from argparse import ArgumentParser
 from typing import Any
 
+from django.apps import apps
 from django.core.management.base import BaseCommand, CommandError
 
-from coordination.chaos.faults import FAULT_KINDS
-from coordination.chaos.run import ChaosConfig, ChaosRun
+from coordination.chaos.faults import FAULT_KINDS, ManagedServerError
+from coordination.chaos.run import ChaosConfig, ChaosError, ChaosRun
 
 
 class Command(BaseCommand):
@@ -67,6 +68,11 @@ class Command(BaseCommand):
             raise CommandError(f"unknown fault kinds: {', '.join(sorted(unknown))}")
         if options["workers"] < 2 or options["keys"] < 1 or options["ttl"] <= 0 or options["seconds"] <= 0:
             raise CommandError("need --workers >= 2, --keys >= 1, --ttl > 0 and --seconds > 0")
+        if not apps.is_installed("project.demo"):
+            raise CommandError(
+                "coordination_chaos writes to the demo app's Account rows: add project.demo to "
+                "INSTALLED_APPS (it is in this repository's site)"
+            )
         config = ChaosConfig(
             seconds=options["seconds"], workers=options["workers"], keys=options["keys"],
             ttl=options["ttl"], seed=options["seed"], fencing=options["fencing"],
@@ -78,6 +84,8 @@ class Command(BaseCommand):
             report = ChaosRun(config, out=self.stdout).run()
         except KeyboardInterrupt:
             raise CommandError("interrupted; workers and the managed server were stopped") from None
+        except (ChaosError, ManagedServerError) as error:
+            raise CommandError(f"the chaos run could not be carried out: {error}") from None
         self.stdout.write(report.summary())
         if options["json_path"]:
             with open(options["json_path"], "w", encoding="utf-8") as out:
