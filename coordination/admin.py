@@ -567,14 +567,23 @@ class FenceAdmin(OperatorActionsMixin, HistoryAdmin):
 # --- refused and accepted writes, idempotency, documents ---------------------------
 
 
+def _timeline_link(key: str) -> str:
+    url = reverse("admin:coordination_dashboard") + "?" + urlencode({"key": key})
+    return format_html('<a href="{}" title="{}">{}</a>', url, _("timeline of this lock"), key)
+
+
 @admin.register(Rejection)
 class RejectionAdmin(HistoryAdmin):
     list_display = [
-        "created_at", "reason", "resource", "lock_key", "token", "step", "watermark", "holder",
+        "created_at", "reason", "resource", "lock", "token", "step", "watermark", "holder",
     ]
     list_filter = ["reason"]
     search_fields = ["resource", "lock_key", "holder"]
     date_hierarchy = "created_at"
+
+    @admin.display(description=_("lock"), ordering="lock_key")
+    def lock(self, rejection: Rejection) -> str:
+        return _timeline_link(rejection.lock_key)
 
     @admin.display(description=_("watermark then (token, step)"))
     def watermark(self, rejection: Rejection) -> str:
@@ -585,9 +594,13 @@ class RejectionAdmin(HistoryAdmin):
 
 @admin.register(AcceptedWrite)
 class AcceptedWriteAdmin(HistoryAdmin):
-    list_display = ["created_at", "resource", "lock_key", "token", "step", "holder"]
+    list_display = ["created_at", "resource", "lock", "token", "step", "holder"]
     search_fields = ["resource", "lock_key", "holder"]
     date_hierarchy = "created_at"
+
+    @admin.display(description=_("lock"), ordering="lock_key")
+    def lock(self, write: AcceptedWrite) -> str:
+        return _timeline_link(write.lock_key)
 
 
 @admin.register(IdempotencyRecord)
