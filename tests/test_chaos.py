@@ -282,7 +282,8 @@ def test_a_chaos_run_with_every_fault_kind_keeps_the_fencing_contract(tmp_path: 
     # so that it can restart it.
     command = [
         sys.executable, "manage.py", "coordination_chaos", "--seconds", "30", "--workers", "4",
-        "--keys", "2", "--ttl", "1", "--manage-postgres", "--json", str(tmp_path / "figures.json"),
+        "--keys", "2", "--ttl", "1", "--fault-interval", "1", "--manage-postgres",
+        "--json", str(tmp_path / "figures.json"),
         "--history", str(tmp_path / "history.jsonl"),
     ]
     run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=240, check=False)
@@ -346,3 +347,14 @@ def test_without_fencing_the_checker_finds_stale_writes_accepted(tmp_path: Path)
         call_command("coordination_chaos", "--seconds", "3", "--no-fencing", "--faults", "pause",
                      "--fault-interval", "0.6", "--ttl", "0.6", stdout=io.StringIO())
     assert failed.value.returncode == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_short_chaos_run_on_the_embedded_sqlite_default_keeps_the_contract(vendor: str) -> None:
+    if vendor != "sqlite":
+        pytest.skip("the PostgreSQL legs run the longer chaos tests above")
+    config = ChaosConfig(seconds=12, workers=4, keys=2, ttl=0.8, fault_interval=0.8, faults=("pause", "kill"))
+    report = ChaosRun(config, out=io.StringIO()).run()
+    assert report.passed, report.summary()
+    assert report.figures["refused_by_reason"].get("stale_token", 0) > 0
+    assert report.figures["worker_crashes"] == 0
