@@ -35,6 +35,7 @@ from typing import Any, ClassVar, NamedTuple, NoReturn, TypeVar, cast, overload
 from django.core.exceptions import FieldError, ValidationError
 from django.db import connections, models, transaction
 from django.db.models import Q
+from django.db.models.expressions import RawSQL
 from django.db.models.sql import InsertQuery
 
 from . import signals
@@ -117,23 +118,34 @@ class FencedQuerySet(models.QuerySet[_Model]):
                 resource=label, grant=grant, step=write_step, reason=RejectionReason.LEASE_LOST,
                 using=self.db,
             )
-        try:
-            guarded = self.filter(**binding)
-        except (ValueError, ValidationError, FieldError):
-            guarded = self.none()
         token = grant.token
-        admits = Q(fence__lt=token) | Q(fence=token, fence_step__lt=write_step)
+        # The watermark rule as one row comparison, (fence, fence_step) <
+        # (token, step): fence < token OR (fence = token AND fence_step < step).
+        # Compiled as it stands, it costs a fraction of the equivalent Q tree.
+        quote = connections[self.db].ops.quote_name
+        admits = RawSQL(
+            f"({quote(model._meta.get_field('fence').column)}, "
+            f"{quote(model._meta.get_field('fence_step').column)}) < (%s, %s)",
+            (token, write_step),
+            output_field=models.BooleanField(),
+        )
+        try:
+            admitted = self.filter(admits, **binding)
+        except (ValueError, ValidationError, FieldError):
+            admitted = self.none()
         # A refused write changes nothing, and the watermark only rises, so a
         # refusal found by the reads below still holds; the loop is for a row
         # deleted and re-created in between.
         for _attempt in range(3):
-            written = guarded.filter(admits).update(fence=token, fence_step=write_step, **values)
+            written = admitted.update(fence=token, fence_step=write_step, **values)
             if written:
                 if signals.write_accepted.has_listeners(Fence):
                     signals.write_accepted.send(
                         sender=Fence, resource=label, grant=grant, step=write_step
                     )
                 return written
+            # Only a refusal needs the guarded rows on their own, to explain it.
+            guarded = self.none() if admitted.query.is_empty() else self.filter(**binding)
             rows = list(guarded.values_list("pk", "fence", "fence_step")[:1])
             if not rows:
                 if self.exists():

@@ -186,7 +186,11 @@ class Grant(models.Model):
     database keeps only its hash.
     """
 
-    lock = models.ForeignKey(Lock, on_delete=models.PROTECT, related_name="grants")
+    # No index of its own: the unique (lock, token) constraint's index starts
+    # with lock_id and serves every lookup by lock, one index less per grant.
+    lock = models.ForeignKey(
+        Lock, on_delete=models.PROTECT, related_name="grants", db_index=False
+    )
     token = models.BigIntegerField()
     holder = models.CharField(max_length=HOLDER_MAX_LENGTH)
     lease_hash = models.CharField(max_length=64, editable=False)

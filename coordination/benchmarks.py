@@ -1,0 +1,732 @@
+"""Benchmarks of the grant point and the fences, side by side with their baselines.
+
+Every workload runs in the same invocation as its baselines and is reported as a
+ratio to the raw SQL floor: psycopg running one upsert to acquire (returning the
+token) and one update to release, with no ORM and no grant history. The peers
+are PostgreSQL advisory locks (no token, nothing durable) and python-redis-lock
+(no token, no fencing).
+
+All tables live in a schema of their own (``coordination_bench``), created with
+Django's schema editor and dropped at the end, so a run never touches the
+application's locks. Clients are forked processes, each with its own
+connection, started together and run for a fixed wall time.
+
+Used by ``manage.py coordination_bench``; the functions here return plain
+dicts so that the command can print, chart and dump them as JSON.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import os
+import platform
+import random
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.apps import apps
+from django.db import connections, models, transaction
+
+from . import locks
+from .conf import app_settings
+from .exceptions import LockHeld
+from .models import Grant, Lock
+
+BENCH_ALIAS = "coordination_bench"
+BENCH_SCHEMA = "coordination_bench"
+
+# One operation of a client: returns True if it did its work (a full acquire +
+# release cycle), False if it was refused (the hot key was busy) and retried.
+Operation = Callable[[], bool]
+# Builds a client's operation inside the forked process (connections are made there).
+ClientFactory = Callable[[int], Operation]
+
+
+@dataclass
+class BenchConfig:
+    clients: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
+    duration: float = 3.0
+    rounds: int = 3
+    fenced_rounds: int = 2000
+    scale_small: int = 1_000
+    scale_large: int = 1_000_000
+    scale_grants: int = 10_000_000
+    scale_samples: int = 2000
+    redis_url: str | None = None
+    scale_database: str | None = None
+    include_scale: bool = True
+    celery: bool = True
+
+
+# --- the bench schema ----------------------------------------------------------
+
+
+def bench_models() -> list[type[models.Model]]:
+    found: list[type[models.Model]] = [Lock, Grant]
+    for label in ("coordination.AcceptedWrite", "coordination.Rejection", "demo.Account"):
+        with contextlib.suppress(LookupError):
+            found.append(apps.get_model(label))
+    return found
+
+
+@contextlib.contextmanager
+def bench_settings(alias: str, **overrides: Any) -> Iterator[None]:
+    """COORDINATION pointing at the bench alias, with the app's defaults otherwise."""
+    from django.conf import settings
+    from django.test import override_settings
+
+    values = {**getattr(settings, "COORDINATION", {}), "DATABASE": alias, **overrides}
+    with override_settings(COORDINATION=values):
+        yield
+
+
+def fenced_model() -> type[models.Model] | None:
+    try:
+        return apps.get_model("demo", "Account")
+    except LookupError:
+        return None
+
+
+@contextlib.contextmanager
+def bench_database(database: str | None = None, *, keep: bool = False) -> Iterator[str]:
+    """An alias whose tables are fresh copies of the app's, in a schema of their own.
+
+    On PostgreSQL: schema ``coordination_bench`` of the configured database (or of
+    ``database``, created if missing). On SQLite: a file next to the configured one.
+    """
+    base = dict(connections.databases[app_settings.DATABASE])
+    vendor = connections[app_settings.DATABASE].vendor
+    if vendor == "postgresql":
+        if database:
+            _create_database(database)
+            base["NAME"] = database
+        options = dict(base.get("OPTIONS", {}))
+        options["options"] = f"-c search_path={BENCH_SCHEMA}"
+        base["OPTIONS"] = options
+        _run_admin_sql(base, [f"DROP SCHEMA IF EXISTS {BENCH_SCHEMA} CASCADE",
+                              f"CREATE SCHEMA {BENCH_SCHEMA}"])
+    else:
+        name = str(base["NAME"])
+        base["NAME"] = (name.rsplit(".", 1)[0] if "." in name else name) + "-bench.sqlite3"
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(base["NAME"])
+    base["CONN_MAX_AGE"] = None
+    base["TEST"] = {"NAME": base["NAME"]}
+    # Django's handler keeps the configured DATABASES dict itself: the alias
+    # exists from here on, in this process and in the clients it forks.
+    connections.databases[BENCH_ALIAS] = base
+    try:
+        with connections[BENCH_ALIAS].schema_editor() as editor:
+            for model in bench_models():
+                editor.create_model(model)
+        if vendor == "postgresql":
+            with connections[BENCH_ALIAS].cursor() as cursor:
+                cursor.execute(
+                    "CREATE TABLE floor_lock (key text PRIMARY KEY, token bigint NOT NULL DEFAULT 0,"
+                    " holder text NOT NULL DEFAULT '', lease text NOT NULL DEFAULT '',"
+                    " expires_at timestamptz)"
+                )
+        connections[BENCH_ALIAS].close()
+        yield BENCH_ALIAS
+    finally:
+        connections[BENCH_ALIAS].close()
+        del connections[BENCH_ALIAS]
+        del connections.databases[BENCH_ALIAS]
+        if not keep:
+            if vendor == "postgresql":
+                _run_admin_sql(base, [f"DROP SCHEMA IF EXISTS {BENCH_SCHEMA} CASCADE"])
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(str(base["NAME"]))
+
+
+def _connect(settings: dict[str, Any]) -> Any:
+    """A plain psycopg connection (autocommit, server-side binding) for the baselines."""
+    import psycopg
+    from django.db.backends.postgresql.base import DatabaseWrapper
+
+    params = DatabaseWrapper(settings, alias="coordination_bench_raw").get_connection_params()
+    # psycopg's own defaults (statements prepared after 5 runs), not Django's.
+    for django_only in ("cursor_factory", "context", "server_side_binding", "prepare_threshold"):
+        params.pop(django_only, None)
+    return psycopg.connect(**params, autocommit=True)
+
+
+def _run_admin_sql(settings: dict[str, Any], statements: list[str]) -> None:
+    plain = dict(settings)
+    plain["OPTIONS"] = {k: v for k, v in settings.get("OPTIONS", {}).items() if k != "options"}
+    with _connect(plain) as conn:
+        for statement in statements:
+            conn.execute(statement)
+
+
+def _create_database(name: str) -> None:
+    settings = dict(connections.databases[app_settings.DATABASE])
+    with _connect(settings) as conn:
+        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone() is None:
+            conn.execute(f'CREATE DATABASE "{name}"')
+
+
+# --- running clients -----------------------------------------------------------
+
+
+def _client_process(
+    factory: ClientFactory, index: int, ready: Any, start: Any, stop_at: Any, results: Any
+) -> None:
+    logging.getLogger("coordination").setLevel(logging.WARNING)
+    logging.getLogger("redis_lock").setLevel(logging.ERROR)  # "Failed to acquire" per refusal
+    try:
+        operation = factory(index)
+        operation()  # warm up: connect, prepare
+        ready.wait()
+        start.wait()
+        deadline = stop_at.value
+        latencies: list[float] = []
+        done = refused = 0
+        clock = time.perf_counter
+        while True:
+            began = clock()
+            if began >= deadline:
+                break
+            if operation():
+                latencies.append(clock() - began)
+                done += 1
+            else:
+                refused += 1
+        results.put((index, done, refused, latencies, None))
+    except BaseException as error:  # reported to the parent, which fails the run
+        results.put((index, 0, 0, [], f"{type(error).__name__}: {error}"))
+    finally:
+        connections.close_all()
+
+
+def run_clients(factory: ClientFactory, clients: int, duration: float) -> dict[str, Any]:
+    """Run ``clients`` forked processes for ``duration`` seconds; ops/s and latency."""
+    context = multiprocessing.get_context("fork")
+    connections.close_all()  # children must open their own connections
+    ready, start = context.Barrier(clients + 1), context.Barrier(clients + 1)
+    stop_at = context.Value("d", 0.0)
+    results = context.Queue()
+    processes = [
+        context.Process(target=_client_process, args=(factory, i, ready, start, stop_at, results))
+        for i in range(clients)
+    ]
+    for process in processes:
+        process.start()
+    try:
+        ready.wait(timeout=120)
+        # perf_counter is CLOCK_MONOTONIC, shared by forked children on Linux.
+        began = time.perf_counter()
+        stop_at.value = began + duration
+        start.wait(timeout=30)
+    except Exception as error:
+        for process in processes:
+            process.kill()
+        raise RuntimeError("bench clients did not start") from error
+    collected = [results.get(timeout=duration + 120) for _ in processes]
+    elapsed = time.perf_counter() - began
+    for process in processes:
+        process.join(30)
+    errors = [error for *_, error in collected if error]
+    if errors:
+        raise RuntimeError(f"a bench client failed: {errors[0]}")
+    latencies = sorted(value for *_, values, _ in collected for value in values)
+    done = sum(item[1] for item in collected)
+    return {
+        "clients": clients,
+        "ops": done,
+        "refused": sum(item[2] for item in collected),
+        "seconds": round(elapsed, 3),
+        "ops_per_s": round(done / elapsed, 1),
+        "p50_ms": _percentile_ms(latencies, 0.50),
+        "p99_ms": _percentile_ms(latencies, 0.99),
+    }
+
+
+def _percentile_ms(ordered: list[float], fraction: float) -> float | None:
+    if not ordered:
+        return None
+    index = min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))
+    return round(ordered[index] * 1000, 3)
+
+
+# --- the systems -----------------------------------------------------------------
+
+
+def locks_client(hot: bool, *, prepared: bool = False) -> ClientFactory:
+    def make(index: int) -> Operation:
+        # In the forked client only, for the rest of its life.
+        bench_settings(BENCH_ALIAS, PREPARED_STATEMENTS=prepared).__enter__()
+        keys = ["bench-hot"] if hot else [f"bench-{index}-{n}" for n in range(64)]
+        counter = iter(range(10**12))
+
+        def cycle() -> bool:
+            key = keys[next(counter) % len(keys)]
+            try:
+                grant = locks.acquire(key, holder=f"client-{index}", ttl=30, using=BENCH_ALIAS)
+            except LockHeld:
+                return False
+            locks.release(grant, using=BENCH_ALIAS)
+            return True
+
+        return cycle
+
+    return make
+
+
+_FLOOR_ACQUIRE = """
+INSERT INTO floor_lock AS l (key, token, holder, lease, expires_at)
+VALUES (%(key)s, 1, %(holder)s, %(lease)s, clock_timestamp() + make_interval(secs => %(ttl)s))
+ON CONFLICT (key) DO UPDATE SET token = l.token + 1, holder = EXCLUDED.holder,
+    lease = EXCLUDED.lease, expires_at = clock_timestamp() + make_interval(secs => %(ttl)s)
+WHERE l.holder = '' OR l.expires_at <= clock_timestamp()
+RETURNING token
+"""
+_FLOOR_RELEASE = """
+UPDATE floor_lock SET holder = '', lease = '', expires_at = NULL
+WHERE key = %(key)s AND token = %(token)s AND lease = %(lease)s
+"""
+
+
+def floor_client(hot: bool) -> ClientFactory:
+    """The raw SQL floor: one upsert returning the token, one update to release."""
+
+    def make(index: int) -> Operation:
+        conn = _connect(connections.databases[BENCH_ALIAS])
+        keys = ["bench-hot"] if hot else [f"bench-{index}-{n}" for n in range(64)]
+        counter = iter(range(10**12))
+        holder = f"client-{index}"
+
+        def cycle() -> bool:
+            key = keys[next(counter) % len(keys)]
+            lease = os.urandom(16).hex()
+            row = conn.execute(
+                _FLOOR_ACQUIRE, {"key": key, "holder": holder, "lease": lease, "ttl": 30.0}
+            ).fetchone()
+            if row is None:
+                return False
+            conn.execute(_FLOOR_RELEASE, {"key": key, "token": row[0], "lease": lease})
+            return True
+
+        return cycle
+
+    return make
+
+
+def advisory_client(hot: bool) -> ClientFactory:
+    def make(index: int) -> Operation:
+        conn = _connect(connections.databases[BENCH_ALIAS])
+        keys = [7] if hot else [index * 1000 + n for n in range(64)]
+        counter = iter(range(10**12))
+
+        def cycle() -> bool:
+            key = keys[next(counter) % len(keys)]
+            row = conn.execute("SELECT pg_try_advisory_lock(%s)", [key]).fetchone()
+            if not row or not row[0]:
+                return False
+            conn.execute("SELECT pg_advisory_unlock(%s)", [key])
+            return True
+
+        return cycle
+
+    return make
+
+
+def redis_client(url: str, hot: bool) -> ClientFactory:
+    def make(index: int) -> Operation:
+        import redis
+        import redis_lock  # type: ignore[import-untyped]
+
+        client = redis.Redis.from_url(url)
+        keys = ["bench-hot"] if hot else [f"bench-{index}-{n}" for n in range(64)]
+        counter = iter(range(10**12))
+
+        def cycle() -> bool:
+            key = keys[next(counter) % len(keys)]
+            lock = redis_lock.Lock(client, key, expire=30)
+            if not lock.acquire(blocking=False):
+                return False
+            lock.release()
+            return True
+
+        return cycle
+
+    return make
+
+
+def redis_available(url: str | None) -> str | None:
+    """Why Redis cannot be used, or None if it answers."""
+    if not url:
+        return "no Redis URL (--redis-url, COORDINATION_TEST_REDIS_URL or CELERY_BROKER_URL)"
+    try:
+        import redis
+
+        redis.Redis.from_url(url, socket_connect_timeout=2).ping()
+    except Exception as error:
+        return f"Redis at {url} does not answer: {error}"
+    return None
+
+
+# --- the suites -------------------------------------------------------------------
+
+
+def cycle_suite(config: BenchConfig, vendor: str, progress: Callable[[str], None]) -> dict[str, Any]:
+    """Acquire + release cycles over many keys and on one hot key, per system."""
+    systems: dict[str, Callable[[bool], ClientFactory]] = {"locks": locks_client}
+    skipped: dict[str, str] = {}
+    if vendor == "postgresql":
+        systems = {
+            "raw_sql_floor": floor_client,
+            **systems,
+            "locks_prepared": lambda hot: locks_client(hot, prepared=True),
+            "pg_advisory": advisory_client,
+        }
+    else:
+        skipped["raw_sql_floor"] = skipped["pg_advisory"] = "PostgreSQL only; this run is on SQLite"
+    why_not = redis_available(config.redis_url)
+    if why_not is None:
+        url = config.redis_url
+        assert url is not None
+        systems["redis_lock"] = lambda hot: redis_client(url, hot)
+    else:
+        skipped["redis_lock"] = why_not
+    results: dict[str, Any] = {}
+    for workload, hot in (("many_keys", False), ("hot_key", True)):
+        rows: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
+        for clients in config.clients:
+            # Systems side by side in short rounds, in a shuffled order each
+            # round, so that load from elsewhere falls on all of them alike;
+            # each ratio is taken within a round, then the median is reported.
+            runs: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
+            for round_number in range(config.rounds):
+                order = list(systems)
+                random.shuffle(order)
+                for name in order:
+                    progress(f"{workload} {name} x{clients} round {round_number + 1}")
+                    runs[name].append(run_clients(systems[name](hot), clients, config.duration))
+            for name in systems:
+                rows[name].append(_combine(runs[name], runs.get("raw_sql_floor")))
+        results[workload] = rows
+    return {"systems": list(systems), "skipped": skipped, **results}
+
+
+def _combine(
+    runs: list[dict[str, Any]], floor: list[dict[str, Any]] | None
+) -> dict[str, Any]:
+    """Median of the rounds; the ratio is the median of the per-round ratios."""
+    combined = {
+        "clients": runs[0]["clients"],
+        "ops": sum(run["ops"] for run in runs),
+        "refused": sum(run["refused"] for run in runs),
+        "rounds": len(runs),
+        "ops_per_s": round(statistics.median(run["ops_per_s"] for run in runs), 1),
+        "ops_per_s_rounds": [run["ops_per_s"] for run in runs],
+        "p50_ms": _median_of(run["p50_ms"] for run in runs),
+        "p99_ms": _median_of(run["p99_ms"] for run in runs),
+        "ratio_to_floor": None,
+    }
+    if floor:
+        ratios = [
+            run["ops_per_s"] / base["ops_per_s"]
+            for run, base in zip(runs, floor, strict=True)
+            if base["ops_per_s"]
+        ]
+        if ratios:
+            combined["ratio_to_floor"] = round(statistics.median(ratios), 3)
+    return combined
+
+
+def _median_of(values: Iterator[float | None]) -> float | None:
+    present = [value for value in values if value is not None]
+    return round(statistics.median(present), 3) if present else None
+
+
+def fenced_suite(config: BenchConfig, alias: str) -> dict[str, Any]:
+    """fenced_update against a plain ORM update() of the same row, one client.
+
+    Each in autocommit (one commit per write, as a caller outside a transaction
+    pays) and inside one transaction (the statement alone, without the commit's
+    disk flush). Short alternating blocks, so that background load falls on
+    every variant alike.
+    """
+    model: Any = fenced_model()
+    if model is None:
+        return {"skipped": "no FencedModel to measure (project.demo is not installed)"}
+    logging.getLogger("coordination").setLevel(logging.WARNING)
+    rows = model._default_manager.using(alias)
+    row = rows.create(owner="bench")
+    grant = locks.acquire(f"account:{row.pk}", holder="bench", ttl=3600, using=alias)
+    value = 0
+
+    def fenced() -> None:
+        rows.filter(pk=row.pk).fenced_update(grant, balance=value)
+
+    def plain() -> None:
+        rows.filter(pk=row.pk).update(balance=value)
+
+    # The app's default keeps no row per accepted write; the recorded variant is
+    # what RECORD_WRITES = True costs on top.
+    variants: dict[str, tuple[Callable[[], None], bool]] = {
+        "plain_update": (plain, False), "fenced_update": (fenced, False),
+    }
+    if "RECORD_WRITES" in app_settings._values():
+        variants["fenced_update_recorded"] = (fenced, True)
+    result: dict[str, Any] = {}
+    block = 20
+    for mode in ("autocommit", "in_transaction"):
+        timings: dict[str, list[float]] = {name: [] for name in variants}
+        for _ in range(max(1, config.fenced_rounds // block)):
+            for name, (write, record) in variants.items():
+                with bench_settings(alias, RECORD_WRITES=record), (
+                    transaction.atomic(using=alias)
+                    if mode == "in_transaction" else contextlib.nullcontext()
+                ):
+                    for _ in range(block):
+                        value += 1
+                        began = time.perf_counter()
+                        write()
+                        timings[name].append(time.perf_counter() - began)
+        plain_p50 = _percentile_ms(sorted(timings["plain_update"]), 0.5) or 1.0
+        result[mode] = {}
+        for name, values in timings.items():
+            values.sort()
+            p50 = _percentile_ms(values, 0.5) or 0.0
+            result[mode][name] = {
+                "ops": len(values),
+                "mean_ms": round(statistics.fmean(values) * 1000, 4),
+                "p50_ms": p50,
+                "p99_ms": _percentile_ms(values, 0.99),
+                "over_plain": round(p50 / plain_p50, 3),
+            }
+    locks.release(grant, using=alias)
+    result["fenced_over_plain"] = result["autocommit"]["fenced_update"]["over_plain"]
+    result["fenced_over_plain_in_transaction"] = (
+        result["in_transaction"]["fenced_update"]["over_plain"]
+    )
+    return result
+
+
+def scale_suite(config: BenchConfig, alias: str, progress: Callable[[str], None]) -> dict[str, Any]:
+    """Acquire + release latency on existing keys with few and with many lock rows.
+
+    Rows are bulk-inserted with generate_series; the large step also adds the
+    grant history. Keys are picked at random among all rows, so the index is
+    probed everywhere, not only in a hot corner of it.
+    """
+    connection = connections[alias]
+    if connection.vendor != "postgresql":
+        return {"skipped": "the bulk row generation is PostgreSQL only"}
+    logging.getLogger("coordination").setLevel(logging.WARNING)
+    lock_table, grant_table = Lock._meta.db_table, Grant._meta.db_table
+    measured: list[dict[str, Any]] = []
+    have = 0
+    for size, grants in ((config.scale_small, 0), (config.scale_large, config.scale_grants)):
+        progress(f"scale: {size} lock rows, {grants} grant rows")
+        began = time.perf_counter()
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {lock_table} (key, token, holder, lease_hash, created_at)"
+                " SELECT 'scale-' || n, 0, '', '', now() FROM generate_series(%s, %s) AS n",
+                [have + 1, size],
+            )
+            if grants:
+                # Grant history spread over the lock rows, ended, with the next
+                # k tokens of each lock, and each lock's counter raised to match.
+                per_lock = max(1, grants // size)
+                cursor.execute(
+                    f"INSERT INTO {grant_table} (lock_id, token, holder, lease_hash, acquired_at,"
+                    " expires_at, ended_at, end_reason)"
+                    " SELECT l.id, l.token + t, 'history', 'x', now() - interval '1 day',"
+                    " now() - interval '1 day', now() - interval '1 day', 'released'"
+                    f" FROM {lock_table} AS l, generate_series(1, %s) AS t"
+                    " WHERE l.key LIKE 'scale-%%' ORDER BY l.id, t LIMIT %s",
+                    [per_lock, grants],
+                )
+                cursor.execute(
+                    f"UPDATE {lock_table} AS l SET token = g.top FROM (SELECT lock_id, max(token)"
+                    f" AS top FROM {grant_table} GROUP BY lock_id) AS g WHERE g.lock_id = l.id"
+                )
+            cursor.execute(f"ANALYZE {lock_table}")
+            cursor.execute(f"ANALYZE {grant_table}")
+        loaded = time.perf_counter() - began
+        have = size
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT count(*) FROM {lock_table}")
+            lock_rows = cursor.fetchone()[0]
+            cursor.execute(f"SELECT count(*) FROM {grant_table}")
+            grant_rows = cursor.fetchone()[0]
+        latencies = []
+        rng = random.Random(size)
+        for _ in range(config.scale_samples):
+            key = f"scale-{rng.randint(1, size)}"
+            began = time.perf_counter()
+            grant = locks.acquire(key, holder="scale", ttl=30, using=alias)
+            locks.release(grant, using=alias)
+            latencies.append(time.perf_counter() - began)
+        latencies.sort()
+        measured.append({
+            "lock_rows": lock_rows,
+            "grant_rows": grant_rows,
+            "load_seconds": round(loaded, 1),
+            "cycles": len(latencies),
+            "p50_ms": _percentile_ms(latencies, 0.5),
+            "p99_ms": _percentile_ms(latencies, 0.99),
+            "mean_ms": round(statistics.fmean(latencies) * 1000, 4),
+        })
+    small, large = measured
+    return {
+        "runs": measured,
+        "large_over_small_p50": round(large["p50_ms"] / small["p50_ms"], 3),
+    }
+
+
+def machine() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+    }
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as cpuinfo:
+        for line in cpuinfo:
+            if line.startswith("model name"):
+                info["cpu"] = line.split(":", 1)[1].strip()
+                break
+    import django
+
+    info["django"] = django.get_version()
+    connection = connections[app_settings.DATABASE]
+    info["database"] = connection.vendor
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW server_version")
+            info["postgresql"] = cursor.fetchone()[0]
+            cursor.execute("SHOW fsync")
+            info["fsync"] = cursor.fetchone()[0]
+    return info
+
+
+def celery_suite(config: BenchConfig, progress: Callable[[str], None]) -> dict[str, Any]:
+    """A fenced Celery task end to end against the same task unfenced."""
+    try:
+        from .contrib import celery as contrib_celery  # noqa: F401
+    except ImportError:
+        return {"skipped": "coordination.contrib.celery (fenced_task) is not available"}
+    return {"skipped": "not measured yet"}
+
+
+# --- output ------------------------------------------------------------------------
+
+
+def table(results: dict[str, Any]) -> str:
+    """The results as fixed-width text tables, every throughput also as a ratio to the floor."""
+    lines: list[str] = []
+    info = results["machine"]
+    lines.append(
+        f"machine: {info.get('cpu', '?')} x{info['cpus']}, Python {info['python']}, "
+        f"Django {info['django']}, {info['database']} {info.get('postgresql', '')}"
+    )
+    if results.get("note"):
+        lines.append(results["note"])
+    cycles = results.get("cycles")
+    if cycles:
+        for name, why in cycles["skipped"].items():
+            lines.append(f"skipped {name}: {why}")
+        for workload in ("many_keys", "hot_key"):
+            lines.append("")
+            lines.append(f"acquire + release cycles, {workload.replace('_', ' ')}")
+            lines.append(
+                f"{'system':<15}{'clients':>8}{'ops/s':>10}{'x floor':>9}{'p50 ms':>9}"
+                f"{'p99 ms':>9}{'refused':>9}"
+            )
+            for name, series in cycles[workload].items():
+                for row in series:
+                    ratio = "-" if row["ratio_to_floor"] is None else f"{row['ratio_to_floor']:.2f}"
+                    lines.append(
+                        f"{name:<15}{row['clients']:>8}{row['ops_per_s']:>10.0f}{ratio:>9}"
+                        f"{_ms(row['p50_ms']):>9}{_ms(row['p99_ms']):>9}{row['refused']:>9}"
+                    )
+    fenced = results.get("fenced")
+    if fenced:
+        lines.append("")
+        if "skipped" in fenced:
+            lines.append(f"fenced_update: skipped ({fenced['skipped']})")
+        else:
+            lines.append("fenced_update against a plain ORM update() of the same row, 1 client")
+            for mode in ("autocommit", "in_transaction"):
+                for name, row in fenced[mode].items():
+                    lines.append(
+                        f"{mode:<15}{name:<24} p50 {_ms(row['p50_ms'])} ms  "
+                        f"p99 {_ms(row['p99_ms'])} ms  x plain {row['over_plain']:.2f}"
+                    )
+            lines.append(
+                f"fenced / plain (p50): {fenced['fenced_over_plain']:.2f} in autocommit, "
+                f"{fenced['fenced_over_plain_in_transaction']:.2f} inside a transaction"
+            )
+    scale = results.get("scale")
+    if scale:
+        lines.append("")
+        if "skipped" in scale:
+            lines.append(f"row-count runs: skipped ({scale['skipped']})")
+        else:
+            lines.append("acquire + release latency on existing keys, by table size")
+            for row in scale["runs"]:
+                lines.append(
+                    f"{row['lock_rows']:>10} locks {row['grant_rows']:>10} grants  "
+                    f"p50 {_ms(row['p50_ms'])} ms  p99 {_ms(row['p99_ms'])} ms"
+                )
+            lines.append(f"large / small (p50): {scale['large_over_small_p50']:.2f}")
+    celery = results.get("celery")
+    if celery:
+        lines.append("")
+        if "skipped" in celery:
+            lines.append(f"celery: skipped ({celery['skipped']})")
+        else:
+            lines.append(
+                f"celery task end to end: fenced p50 {_ms(celery['fenced']['p50_ms'])} ms, "
+                f"unfenced p50 {_ms(celery['unfenced']['p50_ms'])} ms, "
+                f"ratio {celery['fenced_over_unfenced']:.2f}"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def chart(results: dict[str, Any], path: str) -> None:
+    """Throughput and p99 latency against client count, many keys and the hot key."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cycles = results["cycles"]
+    figure, axes = plt.subplots(2, 2, figsize=(11, 8), sharex=True)
+    for column, workload in enumerate(("many_keys", "hot_key")):
+        for name, series in cycles[workload].items():
+            clients = [row["clients"] for row in series]
+            axes[0][column].plot(
+                clients, [row["ops_per_s"] for row in series], marker="o", label=name
+            )
+            axes[1][column].plot(
+                clients, [row["p99_ms"] or 0 for row in series], marker="o", label=name
+            )
+        axes[0][column].set_title(f"acquire + release, {workload.replace('_', ' ')}")
+        axes[0][column].set_ylabel("cycles / s")
+        axes[1][column].set_ylabel("p99 latency (ms)")
+        axes[1][column].set_xlabel("client processes")
+        axes[1][column].set_xscale("log", base=2)
+        axes[0][column].legend(fontsize="small")
+    info = results["machine"]
+    figure.suptitle(
+        f"coordination_bench: {info['database']} {info.get('postgresql', '')}, "
+        f"{info['cpus']} CPUs, {'quick run' if results.get('quick') else 'full run'}"
+    )
+    figure.tight_layout()
+    figure.savefig(path, dpi=90)
+    plt.close(figure)

@@ -1,0 +1,133 @@
+"""``manage.py coordination_bench``: the grant point and the fences against their baselines.
+
+Prints a table, writes ``--json`` and a ``--chart`` PNG. ``--quick`` is the CI
+smoke version: a few seconds, tiny sizes, numbers not meant to be read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+from django.db import connections
+
+from coordination import benchmarks
+from coordination.conf import app_settings
+
+
+class Command(BaseCommand):
+    help = (
+        "Benchmark acquire + release cycles (many keys, one hot key) at 1-16 client "
+        "processes, fenced_update against a plain update(), and acquire latency with "
+        "few and many lock rows, side by side with the raw SQL floor, PostgreSQL "
+        "advisory locks and python-redis-lock."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--json", dest="json_path", help="write the results as JSON here")
+        parser.add_argument("--chart", dest="chart_path", help="write a PNG chart here")
+        parser.add_argument("--quick", action="store_true", help="smoke run: seconds, tiny sizes")
+        parser.add_argument(
+            "--clients", default="1,2,4,8,16", help="client process counts (default 1,2,4,8,16)"
+        )
+        parser.add_argument(
+            "--duration", type=float, default=3.0, help="seconds per measurement (default 3)"
+        )
+        parser.add_argument(
+            "--rounds", type=int, default=3,
+            help="rounds per measurement, systems shuffled each round (default 3)",
+        )
+        parser.add_argument("--redis-url", help="Redis for the python-redis-lock peer")
+        parser.add_argument(
+            "--scale-locks", default="1000,1000000",
+            help="lock rows for the small and the large latency runs (default 1000,1000000)",
+        )
+        parser.add_argument(
+            "--scale-grants", type=int, default=10_000_000,
+            help="grant history rows added for the large run (default 10000000)",
+        )
+        parser.add_argument(
+            "--scale-database",
+            help="PostgreSQL database for the row-count runs (created if missing); "
+            "default: a schema of the configured database",
+        )
+        parser.add_argument("--skip-scale", action="store_true", help="skip the row-count runs")
+        parser.add_argument(
+            "--only", choices=["cycles", "fenced", "scale", "celery"], action="append",
+            help="run only these parts (repeatable)",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        config = self._config(options)
+        parts = set(options["only"] or ["cycles", "fenced", "scale", "celery"])
+        vendor = connections[app_settings.DATABASE].vendor
+        results: dict[str, Any] = {
+            "machine": benchmarks.machine(),
+            "config": {k: v for k, v in vars(config).items() if k != "redis_url"},
+            "quick": options["quick"],
+        }
+        if vendor != "postgresql":
+            results["note"] = (
+                "SQLite run: only the locks cycles and fenced_update apply; the raw SQL floor, "
+                "advisory locks and the row-count runs need PostgreSQL."
+            )
+        began = time.perf_counter()
+        with benchmarks.bench_database() as alias, benchmarks.bench_settings(
+            alias, RECORD_WRITES=False
+        ):
+            if "cycles" in parts:
+                results["cycles"] = benchmarks.cycle_suite(config, vendor, self._progress)
+            if "fenced" in parts:
+                self._progress("fenced_update against update()")
+                results["fenced"] = benchmarks.fenced_suite(config, alias)
+        if "scale" in parts and config.include_scale:
+            with benchmarks.bench_database(config.scale_database) as alias, (
+                benchmarks.bench_settings(alias, RECORD_WRITES=False)
+            ):
+                results["scale"] = benchmarks.scale_suite(config, alias, self._progress)
+        if "celery" in parts:
+            results["celery"] = benchmarks.celery_suite(config, self._progress)
+        results["seconds"] = round(time.perf_counter() - began, 1)
+        self.stdout.write(benchmarks.table(results))
+        if options["json_path"]:
+            with open(options["json_path"], "w") as out:
+                json.dump(results, out, indent=2, default=str)
+        if options["chart_path"] and "cycles" in results:
+            benchmarks.chart(results, options["chart_path"])
+
+    def _config(self, options: dict[str, Any]) -> benchmarks.BenchConfig:
+        small, large = (int(n) for n in options["scale_locks"].split(","))
+        redis_url = (
+            options["redis_url"]
+            or os.environ.get("COORDINATION_TEST_REDIS_URL")
+            or _redis_broker(os.environ.get("CELERY_BROKER_URL", ""))
+        )
+        config = benchmarks.BenchConfig(
+            clients=[int(n) for n in options["clients"].split(",")],
+            duration=options["duration"],
+            rounds=options["rounds"],
+            scale_small=small,
+            scale_large=large,
+            scale_grants=options["scale_grants"],
+            redis_url=redis_url,
+            scale_database=options["scale_database"],
+            include_scale=not options["skip_scale"],
+        )
+        if options["quick"]:
+            config.clients = [1, 2]
+            config.duration = 0.3
+            config.rounds = 1
+            config.fenced_rounds = 100
+            config.scale_small, config.scale_large, config.scale_grants = 100, 1000, 5000
+            config.scale_samples = 50
+        return config
+
+    def _progress(self, message: str) -> None:
+        self.stderr.write(f"  {message}")
+
+
+def _redis_broker(url: str) -> str | None:
+    return url if url.startswith(("redis://", "rediss://")) else None
