@@ -221,6 +221,7 @@ class Command(BaseCommand):
             raise
         finally:
             workers.stop_all()
+            _delete_queues(current_app, queues.values())
 
         safe = outcome_a["event"] == "rejected" and final == balance_b
         rejection = (
@@ -265,6 +266,22 @@ class Command(BaseCommand):
 
 def _exit_on_sigterm(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
+
+
+def _delete_queues(app: Any, names: Any) -> None:
+    """Remove this run's queues from the broker (best effort: they are empty by now)."""
+    from kombu import Exchange, Queue
+
+    try:
+        with app.connection_for_write() as connection:
+            channel = connection.default_channel
+            for name in names:
+                # Declared here so that this channel knows the binding it must remove.
+                queue = Queue(name, Exchange(name, type="direct"), routing_key=name, channel=channel)
+                queue.declare()
+                queue.delete()
+    except Exception as error:  # pragma: no cover - cleanup only
+        sys.stderr.write(f"could not delete the demo queues: {error}\n")
 
 
 def _wait_for_database_time(moment: dt.datetime, margin: float = 0.05) -> None:
