@@ -449,6 +449,12 @@ class ChaosRun:
         target = Path(self.config.history) if self.config.history else self.workdir / "history.merged"
         events = merge(paths, target)
         report = check(events)
+        if not self.config.history and self.config.fencing and not report.passed:
+            # A fenced run failed: keep the evidence.
+            handle, kept = tempfile.mkstemp(prefix="coordination-chaos-history-", suffix=".jsonl")
+            os.close(handle)
+            shutil.copyfile(target, kept)
+            self._say(f"chaos: the history of this failed run is kept in {kept}")
         report.figures.update(
             seed=self.seed, seconds=self.config.seconds, workers=self.config.workers, keys=self.config.keys,
             ttl=self.config.ttl, fencing=self.config.fencing, workers_started=self.spawned,
