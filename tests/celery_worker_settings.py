@@ -21,6 +21,12 @@ if os.environ.get("COORDINATION_TEST_WORKER_BROKER"):
         "visibility_timeout": float(os.environ.get("COORDINATION_TEST_VISIBILITY_TIMEOUT", "3600")),
         "unacked_restore_interval": 1,
         "unacked_restore_throttle": 1,
+        # A worker stopped or killed inside a restore sweep holds Redis's sweep mutex
+        # until it expires: keep that short so other workers' sweeps resume soon.
+        "unacked_mutex_expire": 3,
+        # Keys of their own: other test runs on the same Redis never see our queues,
+        # unacknowledged messages or sweep mutex.
+        "global_keyprefix": os.environ.get("COORDINATION_TEST_REDIS_PREFIX", ""),
     }
 
 CELERY_TASK_ACKS_LATE = True

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import redis
 from django.db import connection
 
 REPO = Path(__file__).resolve().parent.parent
@@ -33,6 +34,40 @@ def redis_url() -> str:
             "(bin/test starts one; by hand: export COORDINATION_TEST_REDIS_URL=redis://127.0.0.1:6379/0)"
         )
     return url
+
+
+@dataclass(frozen=True)
+class RedisBroker:
+    """A Redis broker URL and the key prefix that keeps one test's keys apart."""
+
+    url: str
+    prefix: str
+
+    @classmethod
+    def fresh(cls) -> RedisBroker:
+        return cls(redis_url(), unique("coordination-test") + ":")
+
+    def connection(self) -> Any:
+        from project.celery import app
+
+        return app.connection_for_write(
+            self.url, transport_options={"global_keyprefix": self.prefix}
+        )
+
+    def queue_length(self, queue: str) -> int:
+        return int(redis.Redis.from_url(self.url).llen(self.prefix + queue))
+
+    def unacked_on(self, queue: str) -> int:
+        """Messages of ``queue`` delivered to a worker and not yet acknowledged."""
+        client = redis.Redis.from_url(self.url)
+        pending = client.hvals(self.prefix + "unacked")
+        return sum(1 for raw in pending if json.loads(raw)[2] == queue)
+
+    def clean(self) -> None:
+        client = redis.Redis.from_url(self.url)
+        keys = list(client.scan_iter(match=self.prefix + "*", count=500))
+        if keys:
+            client.delete(*keys)
 
 
 def worker_environment(broker: str | None, **extra: str) -> dict[str, str]:
@@ -88,11 +123,14 @@ def start_worker(
     queue: str,
     log_dir: Path,
     *,
-    broker: str | None,
+    broker: RedisBroker | str | None,
     pool: str = "solo",
     concurrency: int = 1,
     **env: str,
 ) -> Worker:
+    if isinstance(broker, RedisBroker):
+        env = {"COORDINATION_TEST_REDIS_PREFIX": broker.prefix, **env}
+        broker = broker.url
     log = log_dir / f"{name}.log"
     command = [
         sys.executable, "-m", "celery", "-A", "project", "worker",
@@ -122,6 +160,24 @@ def wait_ready(workers: Iterable[Worker], timeout: float = 90) -> None:
                 + "\n".join(f"--- {w.name}\n{w.log_text()[-2000:]}" for w in pending)
             )
         time.sleep(0.1)
+
+
+def wait_until_workers_disconnect(timeout: float = 15) -> None:
+    """After killing workers: wait for their database sessions to end, so that
+    pytest can drop the test database at the end of the run (PostgreSQL only)."""
+    if connection.vendor != "postgresql":
+        return
+    deadline = time.monotonic() + timeout
+    with connection.cursor() as cursor:
+        while time.monotonic() < deadline:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            (others,) = cursor.fetchone()
+            if not others:
+                return
+            time.sleep(0.1)
 
 
 def unique(prefix: str) -> str:

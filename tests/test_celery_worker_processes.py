@@ -12,25 +12,25 @@ import time
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
-import redis
 
 from coordination import locks
 from coordination.exceptions import LockHeld
 from coordination.models import Grant, GrantEnd, Lock, Rejection, RejectionReason
-from project.celery import app as celery_app
 from project.demo.models import Account
 
 from . import celery_worker_tasks as tasks
 from .celery_workers import (
+    RedisBroker,
     Worker,
     events,
-    redis_url,
     start_worker,
     unique,
     wait_for_event,
     wait_ready,
+    wait_until_workers_disconnect,
 )
 from .conftest import wait_until_database_time_passes
 from .factories import AccountFactory
@@ -39,13 +39,18 @@ pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture(scope="module")
-def broker() -> str:
-    return redis_url()
+def broker() -> Iterator[RedisBroker]:
+    fresh = RedisBroker.fresh()
+    yield fresh
+    fresh.clean()
 
 
 @pytest.fixture(scope="module")
 def workers(
-    django_db_setup: None, broker: str, tmp_path_factory: pytest.TempPathFactory
+    django_db_setup: None,
+    django_db_blocker: Any,
+    broker: RedisBroker,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[dict[str, Worker]]:
     """A solo, a prefork and a threads worker, each on a queue of its own."""
     log_dir = tmp_path_factory.mktemp("worker-logs")
@@ -64,13 +69,13 @@ def workers(
     finally:
         for worker in started.values():
             worker.stop()
-        client = redis.Redis.from_url(broker)
-        client.delete(*[w.queue for w in started.values()])
+        with django_db_blocker.unblock():
+            wait_until_workers_disconnect()
 
 
-def send(task: object, queue: str, broker: str, *args: object, **options: object) -> None:
+def send(task: object, queue: str, broker: RedisBroker, *args: object, **options: object) -> None:
     kwargs = options.pop("kwargs", {})
-    with celery_app.connection_for_write(broker) as conn:
+    with broker.connection() as conn:
         task.apply_async(args, kwargs, queue=queue, connection=conn, **options)  # type: ignore[attr-defined]
 
 
@@ -79,7 +84,7 @@ def balance(account: Account) -> Decimal:
 
 
 def test_sigstop_timeline_late_worker_is_rejected_and_newer_balance_stays(
-    workers: dict[str, Worker], broker: str, tmp_path: Path
+    workers: dict[str, Worker], broker: RedisBroker, tmp_path: Path
 ) -> None:
     """The seed's t0..t4 with real workers: A (token n) is stopped past its lease, B
     (n+1) writes, A resumes and its write with n is refused by the fence."""
@@ -113,12 +118,13 @@ def test_sigstop_timeline_late_worker_is_rejected_and_newer_balance_stays(
 
 
 def test_redelivered_copy_of_one_task_id_gets_its_own_token_and_only_the_newest_write_stands(
-    broker: str, tmp_path: Path, django_db_setup: None
+    tmp_path: Path, django_db_setup: None
 ) -> None:
     """Redis hands an unacknowledged task to another worker after its visibility
     timeout. Both copies share the task id but each holds its own grant, so the
     paused first copy cannot overwrite the redelivered one."""
     queue = unique("redelivery")
+    broker = RedisBroker.fresh()  # its sweeps (2 s visibility) must not see other tests' messages
     pair = [
         start_worker(name, queue, tmp_path, broker=broker, COORDINATION_TEST_VISIBILITY_TIMEOUT="2")
         for name in ("redeliver-1", "redeliver-2")
@@ -146,7 +152,8 @@ def test_redelivered_copy_of_one_task_id_gets_its_own_token_and_only_the_newest_
     finally:
         for worker in pair:
             worker.stop()
-        redis.Redis.from_url(broker).delete(queue)
+        broker.clean()
+        wait_until_workers_disconnect()
 
     acquired = [e for e in events(report) if e["event"] == "acquired"]
     assert [e["task_id"] for e in acquired] == [task_id, task_id]
@@ -161,7 +168,7 @@ def test_redelivered_copy_of_one_task_id_gets_its_own_token_and_only_the_newest_
 
 
 def test_keepalive_holds_a_one_second_lease_across_three_and_a_half_seconds(
-    workers: dict[str, Worker], broker: str, tmp_path: Path
+    workers: dict[str, Worker], broker: RedisBroker, tmp_path: Path
 ) -> None:
     worker = workers["solo"]
     account = AccountFactory(balance=Decimal("100.00"))
@@ -184,7 +191,7 @@ def test_keepalive_holds_a_one_second_lease_across_three_and_a_half_seconds(
 
 
 def test_keepalive_marks_the_grant_lost_after_a_pause_past_its_lease_and_later_writes_fail(
-    workers: dict[str, Worker], broker: str, tmp_path: Path
+    workers: dict[str, Worker], broker: RedisBroker, tmp_path: Path
 ) -> None:
     worker = workers["solo"]
     account = AccountFactory(balance=Decimal("100.00"))
@@ -213,7 +220,7 @@ EXIT_PATHS = ["success", "exception", "retry", "reject", "ignore", "soft_time_li
 
 
 def test_every_exit_path_releases_its_own_lease(
-    workers: dict[str, Worker], broker: str, tmp_path: Path
+    workers: dict[str, Worker], broker: RedisBroker, tmp_path: Path
 ) -> None:
     worker = workers["prefork"]
     report = tmp_path / "events.jsonl"
@@ -249,7 +256,7 @@ def test_every_exit_path_releases_its_own_lease(
 
 
 def test_sigkilled_worker_recovers_by_lease_expiry_without_cleanup(
-    workers: dict[str, Worker], broker: str, tmp_path: Path
+    workers: dict[str, Worker], broker: RedisBroker, tmp_path: Path
 ) -> None:
     """SIGKILL mid-task: nothing releases the lease; it expires (database clock) and the
     requeued copy (acks_late + reject_on_worker_lost) runs with a higher token."""
@@ -276,7 +283,7 @@ def test_sigkilled_worker_recovers_by_lease_expiry_without_cleanup(
 
 
 def test_a_copy_of_the_same_task_id_backs_off_while_its_previous_execution_holds_the_lease(
-    workers: dict[str, Worker], broker: str, tmp_path: Path
+    workers: dict[str, Worker], broker: RedisBroker, tmp_path: Path
 ) -> None:
     """The task id is not a holder identity: a second delivery of a running task
     finds the lock held by its own earlier execution, retries after the remaining
@@ -315,7 +322,7 @@ def wait_until_free(key: str, timeout: float = 10) -> None:
 
 
 def test_grant_context_does_not_leak_into_the_next_task_on_the_same_process(
-    workers: dict[str, Worker], broker: str, tmp_path: Path
+    workers: dict[str, Worker], broker: RedisBroker, tmp_path: Path
 ) -> None:
     worker = workers["solo"]
     account = AccountFactory()
@@ -331,7 +338,7 @@ def test_grant_context_does_not_leak_into_the_next_task_on_the_same_process(
 
 
 def test_supersede_runs_only_the_latest_enqueue_and_acks_the_others_unrun(
-    workers: dict[str, Worker], broker: str, tmp_path: Path
+    workers: dict[str, Worker], broker: RedisBroker, tmp_path: Path
 ) -> None:
     worker = workers["solo"]
     report = tmp_path / "events.jsonl"
@@ -355,15 +362,14 @@ def test_supersede_runs_only_the_latest_enqueue_and_acks_the_others_unrun(
     skipped = [e for e in events(report) if e["event"] == "skipped"]
     assert {e["reason"] for e in skipped} == {"superseded"}
     assert sorted(e["args"][1] for e in skipped) == [1, 2]
-    client = redis.Redis.from_url(broker)
     deadline = time.monotonic() + 5
-    while client.llen(worker.queue) or client.zcard("unacked_index"):
+    while broker.queue_length(worker.queue) or broker.unacked_on(worker.queue):
         assert time.monotonic() < deadline, "superseded messages were not acknowledged"
         time.sleep(0.05)
 
 
 def test_threads_pool_keeps_each_concurrent_tasks_grant_to_its_own_thread(
-    workers: dict[str, Worker], broker: str, tmp_path: Path
+    workers: dict[str, Worker], broker: RedisBroker, tmp_path: Path
 ) -> None:
     worker = workers["threads"]
     accounts = [AccountFactory(balance=Decimal("100.00")) for _ in range(2)]
