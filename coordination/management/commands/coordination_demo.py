@@ -120,7 +120,10 @@ class Command(BaseCommand):
         except (ImportError, RuntimeError) as error:
             raise DemoFailed(f"the demo needs the project.demo app installed: {error}") from None
 
+        _require_migrated()
         fencing = not options["no_fencing"]
+        if not 0 <= options["pause"] <= 600:
+            raise CommandError("--pause must be between 0 and 600 seconds")
         app_name = options["celery_app"] or current_app.main or "project"
         run_dir = Path(tempfile.mkdtemp(prefix="coordination-demo-"))
         run_id = uuid.uuid4().hex[:8]
@@ -180,7 +183,7 @@ class Command(BaseCommand):
             )
             workers.pause("A")
             paused_at = locks.database_now()
-            mark("t1", paused_at, f"A pause (SIGSTOP) {options['pause']:g}s, "
+            mark("t1", paused_at, f"A pause (SIGSTOP), longer than its lease, "
                  f"before writing {acquired_a['read']} + {DEMO_AMOUNTS['A']} = {wanted_a}", worker="A")
             expires_at = dt.datetime.fromisoformat(acquired_a["expires_at"])
             _wait_for_database_time(expires_at)
@@ -202,6 +205,7 @@ class Command(BaseCommand):
             )
 
             time.sleep(max(0.0, options["pause"] - (time.monotonic() - workers.paused_since("A"))))
+            paused_for = time.monotonic() - workers.paused_since("A")
             workers.resume("A")
             resumed_at = locks.database_now()
             outcome_a = reader.wait("A", {"written", "rejected"}, 30, workers)
@@ -211,7 +215,8 @@ class Command(BaseCommand):
             else:
                 verdict = f"storage accepts: balance {outcome_a['balance']} overwrites B's {balance_b}"
             mark(
-                "t4", resumed_at, f"A resumes (SIGCONT) -> token={token_a} -> {verdict}",
+                "t4", resumed_at,
+                f"A resumes (SIGCONT) after {paused_for:.1f}s -> token={token_a} -> {verdict}",
                 worker="A", token=token_a,
                 outcome="rejected" if outcome_a["event"] == "rejected" else "accepted",
                 code=outcome_a.get("code", ""),
@@ -266,6 +271,15 @@ class Command(BaseCommand):
 
 def _exit_on_sigterm(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
+
+
+def _require_migrated() -> None:
+    from django.db.migrations.executor import MigrationExecutor
+
+    connection = connections[app_settings.DATABASE]
+    executor = MigrationExecutor(connection)
+    if executor.migration_plan(executor.loader.graph.leaf_nodes()):
+        raise DemoFailed("the database has unapplied migrations: run 'manage.py migrate' first")
 
 
 def _delete_queues(app: Any, names: Any) -> None:
