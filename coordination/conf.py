@@ -14,6 +14,12 @@ Defaults (override any key in your settings)::
                                     # prepared per connection (about half the server
                                     # work); leave off behind transaction-pooling
                                     # proxies that cannot keep prepared statements
+        "WAKE_UPS": True,           # PostgreSQL: waiters woken by LISTEN/NOTIFY on
+                                    # release and revoke (SQLite always polls)
+        "LOCK_DELAY": 0.0,          # seconds a lock stays ungrantable after a lease
+                                    # expired or was revoked (acquire(lock_delay=))
+        "TICKET_TTL": 10.0,         # seconds a fair waiter's queue ticket outlives
+                                    # its last heartbeat (a crashed waiter's ticket)
         "RECORD_WRITES": False,     # keep an AcceptedWrite row per accepted fenced
                                     # write (the admin timeline shows them)
         "API_MAX_WAIT": 30.0,       # seconds a REST acquire may block a web worker
@@ -42,6 +48,9 @@ DEFAULTS: dict[str, Any] = {
     "POLL_INTERVAL": 0.05,
     "MAX_POLL_INTERVAL": 1.0,
     "PREPARED_STATEMENTS": False,
+    "WAKE_UPS": True,
+    "LOCK_DELAY": 0.0,
+    "TICKET_TTL": 10.0,
     "RECORD_WRITES": False,
     "API_MAX_WAIT": 30.0,
     "API_THROTTLE_RATE": "1200/minute",

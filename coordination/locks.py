@@ -24,7 +24,7 @@ import secrets
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 from django.db import connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -38,6 +38,7 @@ from .models import (
     GrantEnd,
     Lock,
     LockState,
+    Ticket,
     hash_lease_id,
     lease_matches,
     validate_holder,
@@ -90,6 +91,8 @@ def acquire(
     holder: str,
     ttl: float | None = None,
     wait: float = 0.0,
+    fair: bool = False,
+    lock_delay: float | None = None,
     using: str | None = None,
 ) -> Grant:
     """Grant the lock ``key`` to ``holder`` for ``ttl`` seconds of database time.
@@ -98,42 +101,73 @@ def acquire(
     greater than every earlier token of ``key``), ``.lease_id`` (the secret that
     ``renew`` and ``release`` need), ``.holder`` and ``.expires_at``.
 
-    With ``wait`` > 0, blocks up to that many seconds, retrying with back-off and
-    jitter and waking when the current lease ends. Raises ``LockHeld`` (who holds
-    it, until when, ``retry_after`` seconds) if still busy, ``InvalidInput`` for a
-    bad key, holder, ttl or wait, ``TokenExhausted`` after token 2**63 - 1, and
-    ``InTransaction`` inside ``transaction.atomic()``.
+    With ``wait`` > 0, blocks up to that many seconds, waking when the current
+    lease ends, when it is released or revoked (PostgreSQL LISTEN/NOTIFY, a hint
+    that is always re-checked), or after a back-off step with jitter. With
+    ``fair=True`` the waiter takes a ticket in the key's queue and waiters are
+    granted in ticket order; a waiter that gives up leaves the queue.
+    ``lock_delay`` (default ``COORDINATION["LOCK_DELAY"]``) keeps the lock
+    ungrantable for that many seconds if this lease expires or is revoked.
+
+    Raises ``LockHeld`` (who holds it, until when, ``retry_after`` seconds) if still
+    busy, ``InvalidInput`` for a bad key, holder, ttl, wait or lock_delay,
+    ``TokenExhausted`` after token 2**63 - 1, and ``InTransaction`` inside
+    ``transaction.atomic()``.
     """
     key = validate_key(key)
     holder = validate_holder(holder)
     lease = _validate_ttl(app_settings.DEFAULT_TTL if ttl is None else ttl)
     wait = _validate_seconds(wait, "wait", upper=float(app_settings.MAX_WAIT))
+    delay = _validate_seconds(
+        app_settings.LOCK_DELAY if lock_delay is None else lock_delay,
+        "lock_delay", upper=float(app_settings.MAX_TTL),
+    )
     alias = using or app_settings.DATABASE
+    if wait <= 0:
+        grant = _grant(key, holder, lease, delay, None, alias, retry=True)
+    else:
+        grant = _wait_for_grant(key, holder, lease, delay, wait, fair, alias)
+    if logger.isEnabledFor(logging.INFO):
+        logger.info(
+            "lock acquired key=%s token=%d holder=%s expires_at=%s",
+            key, grant.token, holder, grant.expires_at.isoformat(),
+        )
+    signals.lock_acquired.send(sender=Grant, grant=grant)
+    return grant
 
+
+def _wait_for_grant(
+    key: str, holder: str, lease: float, delay: float, wait: float, fair: bool, alias: str
+) -> Grant:
     deadline = time.monotonic() + wait
     backoff = float(app_settings.POLL_INTERVAL)
-    while True:
-        try:
-            grant = _grant(key, holder, lease, alias)
-        except _Retry:
-            continue
-        except LockHeld as held:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise
-            # Sleep until the lease ends (by the holder's own remaining time) or the
-            # back-off step, whichever is first; jitter spreads contending waiters.
-            pause = min(backoff * random.uniform(0.5, 1.0), held.retry_after + 0.002, remaining)
-            time.sleep(max(pause, 0.001))
-            backoff = min(backoff * 2, float(app_settings.MAX_POLL_INTERVAL))
-            continue
-        if logger.isEnabledFor(logging.INFO):
-            logger.info(
-                "lock acquired key=%s token=%d holder=%s expires_at=%s",
-                key, grant.token, holder, grant.expires_at.isoformat(),
-            )
-        signals.lock_acquired.send(sender=Grant, grant=grant)
-        return grant
+    ceiling = float(app_settings.MAX_POLL_INTERVAL)
+    # Free at once is the common case: no wake-up connection, no ticket.
+    with suppress(LockHeld):
+        return _grant(key, holder, lease, delay, None, alias, retry=True)
+    with _Waiter(key, holder, alias, fair=fair) as waiter:
+        while True:
+            try:
+                grant = _grant(key, holder, lease, delay, waiter.ticket, alias, retry=True)
+            except LockHeld as held:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise
+                if waiter.woken_by_notify:
+                    # Woken by release or revoke: sleep to the lease's end, the
+                    # ceiling as a safety net for a lost notification.
+                    pause = min(held.retry_after + 0.002, remaining, ceiling)
+                else:
+                    # Polling: until the lease ends or the back-off step, whichever
+                    # is first; jitter spreads contending waiters.
+                    pause = min(
+                        backoff * random.uniform(0.5, 1.0), held.retry_after + 0.002, remaining
+                    )
+                    backoff = min(backoff * 2, ceiling)
+                waiter.sleep(max(pause, 0.001))
+                continue
+            waiter.ticket = None  # consumed by the grant
+            return grant
 
 
 def renew(grant: Grant, *, ttl: float | None = None, using: str | None = None) -> Grant:
@@ -228,6 +262,7 @@ def revoke(key: str, *, using: str | None = None) -> Grant | None:
             return None
         now = _read_clock(connection)
         _end_current(lock, GrantEnd.REVOKED, now, alias)
+        _notify(connection, key)
     logger.warning("lock revoked key=%s token=%d holder=%s", key, lock.token, lock.holder)
     grant = Grant.objects.using(alias).filter(lock_id=lock.pk, token=lock.token).first()
     if grant is not None:
@@ -287,6 +322,118 @@ def grant_from_proof(
     return found
 
 
+# --- waiting: wake-ups and the fair queue ------------------------------------
+
+WAKE_UP_CHANNEL = "coordination_lock"
+"""PostgreSQL NOTIFY channel of releases and revocations; the payload is the key."""
+
+
+def _notify(connection: BaseDatabaseWrapper, key: str) -> None:
+    if connection.vendor == "postgresql" and app_settings.WAKE_UPS:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_notify(%s, %s)", [WAKE_UP_CHANNEL, key])
+
+
+def _listen(alias: str) -> Any:
+    """A connection of its own LISTENing for releases and revocations, or None."""
+    import psycopg
+
+    params = connections[alias].get_connection_params()
+    for django_only in ("cursor_factory", "context", "server_side_binding"):
+        params.pop(django_only, None)
+    try:
+        listening = psycopg.connect(**params, autocommit=True)
+        listening.execute(f"LISTEN {WAKE_UP_CHANNEL}")
+    except Exception as error:
+        logger.warning("cannot LISTEN for wake-ups, polling instead: %s", error)
+        return None
+    return listening
+
+
+class _Waiter:
+    """A waiting acquire: its wake-up connection and its fair-queue ticket.
+
+    On PostgreSQL the waiter LISTENs on a connection of its own, opened before
+    its next attempt, so that a release committed after an attempt has read the
+    lock always wakes it (notifications queue on the connection until read). A
+    notification is only a hint to try again: the grant point decides.
+    """
+
+    def __init__(self, key: str, holder: str, alias: str, *, fair: bool) -> None:
+        self.key, self.holder, self.alias, self.fair = key, holder, alias, fair
+        self.ticket: int | None = None
+        self.listening: Any = None
+        self._heartbeat_at = 0.0
+
+    @property
+    def woken_by_notify(self) -> bool:
+        return self.listening is not None
+
+    def __enter__(self) -> _Waiter:
+        if connections[self.alias].vendor == "postgresql" and app_settings.WAKE_UPS:
+            self.listening = _listen(self.alias)
+        if self.fair:
+            self._take_ticket()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.listening is not None:
+            with suppress(Exception):
+                self.listening.close()
+        if self.ticket is not None:
+            # Gave up (or failed): leave the queue at once, and let the next
+            # waiter know it may be first now.
+            with suppress(Exception):
+                Ticket.objects.using(self.alias).filter(pk=self.ticket).delete()
+                _notify(connections[self.alias], self.key)
+
+    def sleep(self, pause: float) -> None:
+        if self.fair:
+            # Keep the ticket alive: wake up in time to renew it.
+            pause = min(pause, float(app_settings.TICKET_TTL) / 3)
+        if self.listening is not None:
+            self._wait_for_notification(pause)
+        else:
+            time.sleep(pause)
+        if self.fair and time.monotonic() >= self._heartbeat_at:
+            self._heartbeat()
+
+    def _wait_for_notification(self, pause: float) -> None:
+        deadline = time.monotonic() + pause
+        try:
+            while (left := deadline - time.monotonic()) > 0:
+                for note in self.listening.notifies(timeout=left, stop_after=1):
+                    if note.payload == self.key:
+                        return
+        except Exception as error:
+            # The hint is lost, not the lock: poll from here on.
+            logger.warning("wake-up connection lost, polling instead: %s", error)
+            with suppress(Exception):
+                self.listening.close()
+            self.listening = None
+
+    def _take_ticket(self) -> None:
+        now = database_now(self.alias)
+        tickets = Ticket.objects.using(self.alias)
+        # Tickets of crashed waiters hold nobody up once expired; clear them away.
+        tickets.filter(lock_key=self.key, expires_at__lte=now).delete()
+        expires_at = now + dt.timedelta(seconds=app_settings.TICKET_TTL)
+        ticket = tickets.create(
+            lock_key=self.key, holder=self.holder, expires_at=expires_at
+        )
+        self.ticket = ticket.pk
+        self._heartbeat_at = time.monotonic() + float(app_settings.TICKET_TTL) / 3
+
+    def _heartbeat(self) -> None:
+        assert self.ticket is not None
+        expires_at = database_now(self.alias) + dt.timedelta(seconds=app_settings.TICKET_TTL)
+        kept = Ticket.objects.using(self.alias).filter(pk=self.ticket).update(expires_at=expires_at)
+        if not kept:
+            # Expired and removed by nobody, or deleted: queue again, at the back.
+            self._take_ticket()
+        self._heartbeat_at = time.monotonic() + float(app_settings.TICKET_TTL) / 3
+
+
 # --- the transaction on one lock row ---------------------------------------
 
 
@@ -336,22 +483,29 @@ def _read_clock(connection: BaseDatabaseWrapper) -> dt.datetime:
         return dt.datetime.fromisoformat(text).replace(tzinfo=dt.UTC)
 
 
-def _grant(key: str, holder: str, lease: float, alias: str) -> Grant:
-    if connections[alias].vendor == "postgresql":
-        return _grant_in_one_statement(key, holder, lease, alias)
+def _grant(
+    key: str, holder: str, lease: float, delay: float, ticket: int | None, alias: str,
+    *, retry: bool,
+) -> Grant:
+    while True:
+        try:
+            if connections[alias].vendor == "postgresql":
+                return _grant_in_one_statement(key, holder, lease, delay, ticket, alias)
+            return _grant_in_transaction(key, holder, lease, delay, ticket, alias)
+        except _Retry:
+            if not retry:  # pragma: no cover
+                raise
+            continue
+
+
+def _grant_in_transaction(
+    key: str, holder: str, lease: float, delay: float, ticket: int | None, alias: str
+) -> Grant:
     with _grant_transaction(alias) as connection:
         lock = _locked_row(key, alias, create=True)
         now = _read_clock(connection)
-        if lock.state_at(now) is LockState.HELD:
-            assert lock.expires_at is not None
-            raise LockHeld(
-                key, lock.holder, lock.expires_at, (lock.expires_at - now).total_seconds()
-            )
-        if lock.token >= MAX_TOKEN:
-            raise TokenExhausted(
-                f"lock {key!r} has issued token {lock.token}, the largest 64-bit token; "
-                "tokens never wrap: retire this key"
-            )
+        ahead = _tickets_ahead(key, ticket, now, alias)
+        _refuse_unless_grantable(lock, now, ahead)
         if lock.holder:
             # The previous lease ran out without a release: close it as expired.
             assert lock.expires_at is not None
@@ -362,16 +516,62 @@ def _grant(key: str, holder: str, lease: float, alias: str) -> Grant:
         expires_at = now + dt.timedelta(seconds=lease)
         Lock.objects.using(alias).filter(pk=lock.pk).update(
             token=token, holder=holder, lease_hash=lease_hash,
-            acquired_at=now, expires_at=expires_at,
+            acquired_at=now, expires_at=expires_at, lock_delay=delay, delay_until=None,
         )
         lock.token, lock.holder, lock.lease_hash = token, holder, lease_hash
         lock.acquired_at, lock.expires_at = now, expires_at
+        lock.lock_delay, lock.delay_until = delay, None
         grant = Grant.objects.using(alias).create(
             lock=lock, token=token, holder=holder, lease_hash=lease_hash,
             acquired_at=now, expires_at=expires_at,
         )
+        if ticket is not None:
+            Ticket.objects.using(alias).filter(pk=ticket).delete()
     grant.lease_id = lease_id
     return grant
+
+
+def _tickets_ahead(key: str, ticket: int | None, now: dt.datetime, alias: str) -> int:
+    """Live tickets in the fair queue of ``key`` before ``ticket`` (all, without one)."""
+    queue = Ticket.objects.using(alias).filter(lock_key=key, expires_at__gt=now)
+    if ticket is not None:
+        queue = queue.filter(id__lt=ticket)
+    return queue.count()
+
+
+def _refuse_unless_grantable(lock: Lock, now: dt.datetime, ahead: int) -> None:
+    """Raise LockHeld or TokenExhausted unless ``lock`` can be granted at ``now``.
+
+    Held: the lease runs, or it ended by expiry or revocation less than its
+    lock-delay ago, or fair waiters queue ahead of this one.
+    """
+    key = lock.key
+    if lock.state_at(now) is LockState.HELD:
+        assert lock.expires_at is not None
+        raise LockHeld(key, lock.holder, lock.expires_at, (lock.expires_at - now).total_seconds())
+    if lock.holder and lock.lock_delay:
+        assert lock.expires_at is not None
+        until = lock.expires_at + dt.timedelta(seconds=lock.lock_delay)
+        if until > now:
+            raise LockHeld(
+                key, f"{lock.holder} (lock-delay after expiry)", until,
+                (until - now).total_seconds(),
+            )
+    if not lock.holder and lock.delay_until is not None and lock.delay_until > now:
+        raise LockHeld(
+            key, "lock-delay after an expired or revoked lease", lock.delay_until,
+            (lock.delay_until - now).total_seconds(),
+        )
+    if ahead:
+        raise LockHeld(
+            key, f"{ahead} fair waiter(s) queued first", now,
+            float(app_settings.POLL_INTERVAL),
+        )
+    if lock.token >= MAX_TOKEN:
+        raise TokenExhausted(
+            f"lock {key!r} has issued token {lock.token}, the largest 64-bit token; "
+            "tokens never wrap: retire this key"
+        )
 
 
 # --- PostgreSQL: one statement per grant and per release --------------------
@@ -388,16 +588,28 @@ _ACQUIRE_SQL = """
 WITH seen AS (
     SELECT token, holder FROM {lock} WHERE key = %(key)s
 ), up AS (
-    INSERT INTO {lock} AS l (key, token, holder, lease_hash, acquired_at, expires_at, created_at)
-    SELECT %(key)s, 1, %(holder)s, %(hash)s, c.t, c.t + make_interval(secs => %(ttl)s), c.t
+    INSERT INTO {lock} AS l (
+        key, token, holder, lease_hash, acquired_at, expires_at, created_at, lock_delay
+    )
+    SELECT %(key)s, 1, %(holder)s, %(hash)s, c.t, c.t + make_interval(secs => %(ttl)s), c.t,
+        %(delay)s
     FROM (SELECT clock_timestamp() AS t) AS c
+    WHERE NOT EXISTS (
+        SELECT 1 FROM {ticket} AS q
+        WHERE q.lock_key = %(key)s AND q.id < %(ticket)s AND q.expires_at > clock_timestamp()
+    )
     ON CONFLICT (key) DO UPDATE SET
         token = l.token + 1, holder = EXCLUDED.holder, lease_hash = EXCLUDED.lease_hash,
         (acquired_at, expires_at) = (
             SELECT c.t, c.t + make_interval(secs => %(ttl)s)
             FROM (SELECT clock_timestamp() AS t) AS c
+        ),
+        lock_delay = EXCLUDED.lock_delay, delay_until = NULL
+    WHERE (
+            (l.holder = '' AND (l.delay_until IS NULL OR l.delay_until <= clock_timestamp()))
+            OR l.expires_at + make_interval(secs => l.lock_delay) <= clock_timestamp()
         )
-    WHERE (l.holder = '' OR l.expires_at <= clock_timestamp()) AND l.token < %(max_token)s
+        AND l.token < %(max_token)s
     RETURNING l.id, l.token, l.acquired_at, l.expires_at, l.created_at
 ), closed AS (
     UPDATE {grant} AS g SET ended_at = g.expires_at, end_reason = 'expired'
@@ -410,9 +622,12 @@ WITH seen AS (
     SELECT up.id, up.token, %(holder)s, %(hash)s, up.acquired_at, up.expires_at, ''
     FROM up
     RETURNING id
+), dequeued AS (
+    DELETE FROM {ticket} AS q USING up WHERE q.id = %(ticket)s
+    RETURNING q.id
 )
 SELECT up.id, up.token, up.acquired_at, up.expires_at, up.created_at, granted.id,
-       (SELECT token FROM seen), (SELECT count(*) FROM closed)
+       (SELECT token FROM seen), (SELECT count(*) FROM closed), (SELECT count(*) FROM dequeued)
 FROM up, granted
 """
 
@@ -426,8 +641,13 @@ WHERE lock_id = %(lock_id)s AND token >= %(since)s AND token < %(token)s AND end
 RETURNING token
 """
 
+# One row even for a key never granted: its queue may still refuse a first grant.
 _LOCK_STATE_SQL = """
-SELECT id, token, holder, lease_hash, expires_at, clock_timestamp() FROM {lock} WHERE key = %(key)s
+SELECT l.id, l.token, l.holder, l.lease_hash, l.expires_at, clock_timestamp(), l.lock_delay,
+    l.delay_until,
+    (SELECT count(*) FROM {ticket} AS q
+     WHERE q.lock_key = %(key)s AND q.id < %(ticket)s AND q.expires_at > clock_timestamp())
+FROM (SELECT 1) AS one LEFT JOIN {lock} AS l ON l.key = %(key)s
 """
 
 # Release matches the lease by key, token and lease hash; the grant row's
@@ -435,7 +655,9 @@ SELECT id, token, holder, lease_hash, expires_at, clock_timestamp() FROM {lock} 
 # ran out first. RETURNING is evaluated after the row lock is held.
 _RELEASE_SQL = """
 WITH up AS (
-    UPDATE {lock} SET holder = '', lease_hash = '', acquired_at = NULL, expires_at = NULL
+    UPDATE {lock} SET holder = '', lease_hash = '', acquired_at = NULL, expires_at = NULL,
+        delay_until = CASE WHEN expires_at <= clock_timestamp()
+            THEN expires_at + make_interval(secs => lock_delay) END
     WHERE key = %(key)s AND holder <> '' AND token = %(token)s AND lease_hash = %(hash)s
     RETURNING id, clock_timestamp() AS now
 ), ended AS (
@@ -445,13 +667,18 @@ WITH up AS (
     FROM up WHERE g.lock_id = up.id AND g.token = %(token)s AND g.ended_at IS NULL
     RETURNING g.ended_at, g.end_reason
 )
-SELECT up.now, ended.ended_at, ended.end_reason FROM up LEFT JOIN ended ON true
+SELECT up.now, ended.ended_at, ended.end_reason,
+    CASE WHEN %(notify)s THEN pg_notify(%(channel)s, %(key)s) END
+FROM up LEFT JOIN ended ON true
 """
-
 
 def _sql(template: str, connection: BaseDatabaseWrapper) -> str:
     quote = connection.ops.quote_name
-    return template.format(lock=quote(Lock._meta.db_table), grant=quote(Grant._meta.db_table))
+    return template.format(
+        lock=quote(Lock._meta.db_table),
+        grant=quote(Grant._meta.db_table),
+        ticket=quote(Ticket._meta.db_table),
+    )
 
 
 def _execute(connection: BaseDatabaseWrapper, template: str, params: dict[str, object]) -> Any:
@@ -486,18 +713,25 @@ def _refuse_in_caller_transaction(connection: BaseDatabaseWrapper) -> None:
         raise InTransaction()
 
 
-def _grant_in_one_statement(key: str, holder: str, lease: float, alias: str) -> Grant:
+def _grant_in_one_statement(
+    key: str, holder: str, lease: float, delay: float, ticket: int | None, alias: str
+) -> Grant:
     connection = connections[alias]
     _refuse_in_caller_transaction(connection)
     lease_id = secrets.token_urlsafe(32)
     lease_hash = hash_lease_id(lease_id)
+    # Without a ticket every live ticket of the key is ahead: no barging past
+    # fair waiters.
+    place = MAX_TOKEN if ticket is None else ticket
     params = {
-        "key": key, "holder": holder, "hash": lease_hash, "ttl": lease, "max_token": MAX_TOKEN,
+        "key": key, "holder": holder, "hash": lease_hash, "ttl": lease, "delay": delay,
+        "max_token": MAX_TOKEN, "ticket": place,
     }
     row = _execute(connection, _ACQUIRE_SQL, params)
     if row is None:
-        _raise_refusal(key, _execute(connection, _LOCK_STATE_SQL, {"key": key}))
-    lock_id, token, acquired_at, expires_at, created_at, grant_id, seen, _ = row
+        state = _execute(connection, _LOCK_STATE_SQL, {"key": key, "ticket": place})
+        _raise_refusal(key, state)
+    lock_id, token, acquired_at, expires_at, created_at, grant_id, seen, _, _ = row
     if token > 1 and seen != token - 1:
         _execute(
             connection, _CLOSE_EXPIRED_SQL,
@@ -506,6 +740,7 @@ def _grant_in_one_statement(key: str, holder: str, lease: float, alias: str) -> 
     lock = Lock(
         id=lock_id, key=key, token=token, holder=holder, lease_hash=lease_hash,
         acquired_at=acquired_at, expires_at=expires_at, created_at=created_at,
+        lock_delay=delay, delay_until=None,
     )
     lock._state.adding, lock._state.db = False, alias
     grant = Grant(
@@ -517,21 +752,17 @@ def _grant_in_one_statement(key: str, holder: str, lease: float, alias: str) -> 
     return grant
 
 
-def _raise_refusal(key: str, state: tuple[object, ...] | None) -> None:
-    """Why the upsert granted nothing: held, or out of tokens; else a retry will do."""
-    if state is None:  # pragma: no cover - the upsert creates missing rows
-        return
-    _, token, holder, _, expires_at, now = state
-    now = cast(dt.datetime, now)
-    if holder and expires_at is not None and cast(dt.datetime, expires_at) > now:
-        expires = cast(dt.datetime, expires_at)
-        raise LockHeld(key, cast(str, holder), expires, (expires - now).total_seconds())
-    if cast(int, token) >= MAX_TOKEN:
-        raise TokenExhausted(
-            f"lock {key!r} has issued token {token}, the largest 64-bit token; "
-            "tokens never wrap: retire this key"
-        )
-    # Freed between the two statements: the caller's loop tries again.
+def _raise_refusal(key: str, state: tuple[Any, ...] | None) -> NoReturn:
+    """Why the upsert granted nothing (held, lock-delay, queue, out of tokens);
+    if none of these holds any more, the caller tries again."""
+    assert state is not None
+    _, token, holder, _, expires_at, now, delay, delay_until, ahead = state
+    lock = Lock(
+        key=key, token=token or 0, holder=holder or "", expires_at=expires_at,
+        lock_delay=delay or 0.0, delay_until=delay_until,
+    )
+    _refuse_unless_grantable(lock, now, ahead)
+    # Freed between the two statements.
     raise _Retry()
 
 
@@ -544,21 +775,24 @@ def _release_in_one_statement(
 ) -> tuple[GrantEnd, dt.datetime, dt.datetime | None]:
     connection = connections[alias]
     _refuse_in_caller_transaction(connection)
-    params = {"key": grant.key, "token": grant.token, "hash": hash_lease_id(grant.lease_id or "")}
+    params = {
+        "key": grant.key, "token": grant.token, "hash": hash_lease_id(grant.lease_id or ""),
+        "notify": bool(app_settings.WAKE_UPS), "channel": WAKE_UP_CHANNEL,
+    }
     row = _execute(connection, _RELEASE_SQL, params)
     if row is None:
         # Not the current lease: say precisely why, as the ORM path does.
-        state = _execute(connection, _LOCK_STATE_SQL, {"key": grant.key})
-        if state is None:
+        state = _execute(connection, _LOCK_STATE_SQL, {"key": grant.key, "ticket": MAX_TOKEN})
+        if state is None or state[0] is None:
             raise LeaseLost(f"lock {grant.key!r} has never been granted")
-        lock_id, token, holder, lease_hash, expires_at, now = state
+        lock_id, token, holder, lease_hash, expires_at, now, *_ = state
         lock = Lock(
             id=lock_id, key=grant.key, token=token, holder=holder,
             lease_hash=lease_hash, expires_at=expires_at,
         )
         _check_holds(lock, grant, now)
         raise LeaseLost(f"lease of {grant.key!r} token {grant.token} is not current")
-    now, ended_at, end_reason = row
+    now, ended_at, end_reason, _ = row
     if end_reason == GrantEnd.EXPIRED:
         return GrantEnd.EXPIRED, ended_at, ended_at
     return GrantEnd.RELEASED, ended_at or now, None
@@ -598,8 +832,15 @@ def _end_current(lock: Lock, reason: GrantEnd, ended_at: dt.datetime, alias: str
     Grant.objects.using(alias).filter(lock_id=lock.pk, token=lock.token, ended_at=None).update(
         ended_at=ended_at, end_reason=reason
     )
+    # Lock-delay runs from the end of a lease that expired or was revoked; a
+    # clean release frees the lock at once.
+    delay_until = (
+        ended_at + dt.timedelta(seconds=lock.lock_delay)
+        if reason != GrantEnd.RELEASED and lock.lock_delay
+        else None
+    )
     Lock.objects.using(alias).filter(pk=lock.pk).update(
-        holder="", lease_hash="", acquired_at=None, expires_at=None
+        holder="", lease_hash="", acquired_at=None, expires_at=None, delay_until=delay_until
     )
 
 

@@ -135,6 +135,12 @@ class Lock(models.Model):
     )
     acquired_at = models.DateTimeField(null=True, blank=True)
     expires_at = models.DateTimeField(null=True, blank=True)
+    # Lock-delay (Chubby, Consul): after the current lease expires or is
+    # revoked, the lock stays ungrantable for this many seconds; set by the
+    # acquire that took the lease. ``delay_until`` holds the end of a running
+    # delay once the lease is gone (revoked, or released after it expired).
+    lock_delay = models.FloatField(default=0.0, db_default=0.0)
+    delay_until = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(db_default=Now(), editable=False)
 
     objects = LockQuerySet.as_manager()
@@ -161,6 +167,26 @@ class Lock(models.Model):
             return LockState.FREE
         assert self.expires_at is not None
         return LockState.HELD if self.expires_at > now else LockState.EXPIRED
+
+
+class Ticket(models.Model):
+    """A waiter's place in the fair queue of a lock key (``acquire(..., fair=True)``).
+
+    Waiters are granted in ticket order. A waiter keeps its ticket alive while it
+    waits; the ticket of one that crashed expires and stops holding the queue.
+    """
+
+    lock_key = models.CharField(max_length=KEY_MAX_LENGTH)
+    holder = models.CharField(max_length=HOLDER_MAX_LENGTH)
+    created_at = models.DateTimeField(db_default=Now())
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [models.Index(fields=["lock_key", "id"], name="coordination_ticket_queue")]
+
+    def __str__(self) -> str:
+        return f"{self.lock_key} #{self.pk} ({self.holder})"
 
 
 class GrantEnd(models.TextChoices):
