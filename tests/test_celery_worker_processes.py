@@ -184,6 +184,7 @@ def test_keepalive_holds_a_one_second_lease_across_three_and_a_half_seconds(
     written = wait_for_event(report, lambda e: e["event"] == "written", workers=[worker])
 
     assert written["token"] == started["token"]
+    wait_until_free(key)  # the release follows the body's last report
     grant = Grant.objects.get(lock__key=key, token=started["token"])
     assert grant.end_reason == GrantEnd.RELEASED
     assert (grant.ended_at - grant.acquired_at).total_seconds() >= 3.5
