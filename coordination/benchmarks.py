@@ -6,7 +6,7 @@ token) and one update to release, with no ORM and no grant history. The peers
 are PostgreSQL advisory locks (no token, nothing durable) and python-redis-lock
 (no token, no fencing).
 
-All tables live in a schema of their own (``coordination_bench``), created with
+All tables live in a schema of their own (``coordination_bench_<pid>``), created with
 Django's schema editor and dropped at the end, so a run never touches the
 application's locks. Clients are forked processes, each with its own
 connection, started together and run for a fixed wall time.
@@ -35,10 +35,11 @@ from django.db import connections, models, transaction
 from . import locks
 from .conf import app_settings
 from .exceptions import LockHeld
-from .models import Grant, Lock
+from .models import Grant, Lock, Ticket
 
 BENCH_ALIAS = "coordination_bench"
-BENCH_SCHEMA = "coordination_bench"
+# One schema per run: runs side by side never drop each other's tables.
+BENCH_SCHEMA = f"coordination_bench_{os.getpid()}"
 
 # One operation of a client: returns True if it did its work (a full acquire +
 # release cycle), False if it was refused (the hot key was busy) and retried.
@@ -60,6 +61,8 @@ class BenchConfig:
     redis_url: str | None = None
     scale_database: str | None = None
     include_scale: bool = True
+    wakeup_samples: int = 30
+    fair_threads: int = 8
     celery: bool = True
 
 
@@ -67,7 +70,7 @@ class BenchConfig:
 
 
 def bench_models() -> list[type[models.Model]]:
-    found: list[type[models.Model]] = [Lock, Grant]
+    found: list[type[models.Model]] = [Lock, Grant, Ticket]
     for label in ("coordination.AcceptedWrite", "coordination.Rejection", "demo.Account"):
         with contextlib.suppress(LookupError):
             found.append(apps.get_model(label))
@@ -610,6 +613,119 @@ def machine() -> dict[str, Any]:
     return info
 
 
+def wakeup_suite(config: BenchConfig, alias: str, progress: Callable[[str], None]) -> dict[str, Any]:
+    """Release to the waiter's grant: LISTEN/NOTIFY wake-ups against polling.
+
+    A holder keeps the lock; a waiter in another thread blocks in
+    ``acquire(wait=...)``; after a random pause the holder releases. The time
+    from the release's return to the waiter's grant is one sample.
+    """
+    import threading
+
+    logging.getLogger("coordination").setLevel(logging.WARNING)
+    modes = {"polling": False}
+    if connections[alias].vendor == "postgresql":
+        modes = {"notify": True, "polling": False}
+    result: dict[str, Any] = {}
+    rng = random.Random(5)
+    for mode, wake_ups in modes.items():
+        progress(f"wake-up latency: {mode}")
+        samples: list[float] = []
+        with bench_settings(alias, WAKE_UPS=wake_ups):
+            for n in range(config.wakeup_samples):
+                key = f"wake-{mode}-{n}"
+                held = locks.acquire(key, holder="holder", ttl=30, using=alias)
+                granted: list[float] = []
+
+                def wait_for_it(key: str = key, granted: list[float] = granted) -> None:
+                    try:
+                        grant = locks.acquire(key, holder="waiter", ttl=30, wait=30, using=alias)
+                        granted.append(time.perf_counter())
+                        locks.release(grant, using=alias)
+                    finally:
+                        connections.close_all()
+
+                waiter = threading.Thread(target=wait_for_it)
+                waiter.start()
+                time.sleep(rng.uniform(0.05, 0.3))
+                locks.release(held, using=alias)
+                released = time.perf_counter()
+                waiter.join(60)
+                samples.append(granted[0] - released)
+        samples.sort()
+        result[mode] = {
+            "samples": len(samples),
+            "p50_ms": _percentile_ms(samples, 0.5),
+            "p99_ms": _percentile_ms(samples, 0.99),
+            "max_ms": round(samples[-1] * 1000, 3),
+        }
+    return result
+
+
+def fairness_suite(config: BenchConfig, alias: str, progress: Callable[[str], None]) -> dict[str, Any]:
+    """Threads contending for one key, with and without fair queueing.
+
+    Each thread loops acquire(wait) / short hold / release for a fixed time.
+    Reports cycles/s, each thread's share (min and max grants) and the longest
+    wait: fairness trades some throughput for no starvation.
+    """
+    import threading
+
+    logging.getLogger("coordination").setLevel(logging.WARNING)
+    result: dict[str, Any] = {}
+    guard = threading.Lock()
+    for fair in (False, True):
+        name = "fair" if fair else "unfair"
+        progress(f"fairness: {name}, {config.fair_threads} threads")
+        key = f"fairness-{name}"
+        counts = [0] * config.fair_threads
+        waits: list[float] = []
+        stop_at = time.monotonic() + config.duration * 2
+
+        def worker(index: int, fair: bool = fair, key: str = key, counts: list[int] = counts,
+                   waits: list[float] = waits, stop_at: float = stop_at) -> None:
+            try:
+                while time.monotonic() < stop_at:
+                    began = time.perf_counter()
+                    try:
+                        grant = locks.acquire(
+                            key, holder=f"t{index}", ttl=30, wait=max(0.1, stop_at - time.monotonic()),
+                            fair=fair, using=alias,
+                        )
+                    except LockHeld:
+                        break
+                    waited = time.perf_counter() - began
+                    time.sleep(0.002)  # the work under the lock
+                    locks.release(grant, using=alias)
+                    with guard:
+                        counts[index] += 1
+                        waits.append(waited)
+            finally:
+                connections.close_all()
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(config.fair_threads)]
+        began = time.perf_counter()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(config.duration * 2 + 120)
+        elapsed = time.perf_counter() - began
+        waits.sort()
+        result[name] = {
+            "threads": config.fair_threads,
+            "cycles_per_s": round(sum(counts) / elapsed, 1),
+            "grants_per_thread_min": min(counts),
+            "grants_per_thread_max": max(counts),
+            "wait_p50_ms": _percentile_ms(waits, 0.5),
+            "wait_max_ms": round(waits[-1] * 1000, 3) if waits else None,
+        }
+    unfair = result["unfair"]["cycles_per_s"]
+    result["fair_over_unfair_throughput"] = (
+        round(result["fair"]["cycles_per_s"] / unfair, 3) if unfair else None
+    )
+    return result
+
+
 def celery_suite(config: BenchConfig, progress: Callable[[str], None]) -> dict[str, Any]:
     """A fenced Celery task end to end against the same task unfenced."""
     try:
@@ -680,6 +796,26 @@ def table(results: dict[str, Any]) -> str:
                     f"p50 {_ms(row['p50_ms'])} ms  p99 {_ms(row['p99_ms'])} ms"
                 )
             lines.append(f"large / small (p50): {scale['large_over_small_p50']:.2f}")
+    wakeup = results.get("wakeup")
+    if wakeup:
+        lines.append("")
+        lines.append("wake-up latency, release to the waiter's grant")
+        for mode, row in wakeup.items():
+            lines.append(
+                f"{mode:<10} p50 {_ms(row['p50_ms'])} ms  p99 {_ms(row['p99_ms'])} ms  "
+                f"max {_ms(row['max_ms'])} ms  ({row['samples']} samples)"
+            )
+    fairness = results.get("fairness")
+    if fairness:
+        lines.append("")
+        lines.append("one key, threads looping acquire(wait) / 2 ms of work / release")
+        for mode in ("unfair", "fair"):
+            row = fairness[mode]
+            lines.append(
+                f"{mode:<8} {row['cycles_per_s']:>7.0f} cycles/s  grants per thread "
+                f"{row['grants_per_thread_min']}..{row['grants_per_thread_max']}  "
+                f"wait p50 {_ms(row['wait_p50_ms'])} ms  max {_ms(row['wait_max_ms'])} ms"
+            )
     celery = results.get("celery")
     if celery:
         lines.append("")

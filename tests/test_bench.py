@@ -64,6 +64,9 @@ def test_quick_bench_writes_json_table_and_chart(tmp_path: Path) -> None:
         assert small["lock_rows"] < large["lock_rows"] and large["grant_rows"] > 0
     else:
         assert "skipped" in results["scale"]
+    assert ("notify" in results["wakeup"]) is postgres and results["wakeup"]["polling"]["samples"]
+    for mode in ("fair", "unfair"):
+        assert results["fairness"][mode]["grants_per_thread_min"] >= 0
     assert "celery" in results
     assert "acquire + release cycles, many keys" in done.stdout
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

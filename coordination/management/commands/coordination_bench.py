@@ -56,13 +56,16 @@ class Command(BaseCommand):
         )
         parser.add_argument("--skip-scale", action="store_true", help="skip the row-count runs")
         parser.add_argument(
-            "--only", choices=["cycles", "fenced", "scale", "celery"], action="append",
+            "--only", choices=["cycles", "fenced", "scale", "wakeup", "fairness", "celery"],
+            action="append",
             help="run only these parts (repeatable)",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
         config = self._config(options)
-        parts = set(options["only"] or ["cycles", "fenced", "scale", "celery"])
+        parts = set(
+            options["only"] or ["cycles", "fenced", "scale", "wakeup", "fairness", "celery"]
+        )
         vendor = connections[app_settings.DATABASE].vendor
         results: dict[str, Any] = {
             "machine": benchmarks.machine(),
@@ -83,6 +86,10 @@ class Command(BaseCommand):
             if "fenced" in parts:
                 self._progress("fenced_update against update()")
                 results["fenced"] = benchmarks.fenced_suite(config, alias)
+            if "wakeup" in parts:
+                results["wakeup"] = benchmarks.wakeup_suite(config, alias, self._progress)
+            if "fairness" in parts:
+                results["fairness"] = benchmarks.fairness_suite(config, alias, self._progress)
         if "scale" in parts and config.include_scale:
             with benchmarks.bench_database(config.scale_database) as alias, (
                 benchmarks.bench_settings(alias, RECORD_WRITES=False)
@@ -123,6 +130,8 @@ class Command(BaseCommand):
             config.fenced_rounds = 100
             config.scale_small, config.scale_large, config.scale_grants = 100, 1000, 5000
             config.scale_samples = 50
+            config.wakeup_samples = 3
+            config.fair_threads = 3
         return config
 
     def _progress(self, message: str) -> None:
