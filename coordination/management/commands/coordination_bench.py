@@ -90,13 +90,13 @@ class Command(BaseCommand):
                 results["wakeup"] = benchmarks.wakeup_suite(config, alias, self._progress)
             if "fairness" in parts:
                 results["fairness"] = benchmarks.fairness_suite(config, alias, self._progress)
+            if "celery" in parts:
+                results["celery"] = benchmarks.celery_suite(config, alias, self._progress)
         if "scale" in parts and config.include_scale:
             with benchmarks.bench_database(config.scale_database) as alias, (
                 benchmarks.bench_settings(alias, RECORD_WRITES=False)
             ):
                 results["scale"] = benchmarks.scale_suite(config, alias, self._progress)
-        if "celery" in parts:
-            results["celery"] = benchmarks.celery_suite(config, self._progress)
         results["seconds"] = round(time.perf_counter() - began, 1)
         self.stdout.write(benchmarks.table(results))
         if options["json_path"]:
@@ -132,6 +132,7 @@ class Command(BaseCommand):
             config.scale_samples = 50
             config.wakeup_samples = 3
             config.fair_threads = 3
+            config.celery_rounds = 20
         return config
 
     def _progress(self, message: str) -> None:
