@@ -307,8 +307,9 @@ def test_a_chaos_run_with_every_fault_kind_keeps_the_fencing_contract(tmp_path: 
 def test_a_chaos_run_of_fenced_celery_tasks_on_real_workers_keeps_the_contract(tmp_path: Path) -> None:
     # The workers are `celery worker` processes; the lock is taken by fenced_task.
     command = [
-        sys.executable, "manage.py", "coordination_chaos", "--celery", "--seconds", "15",
-        "--ttl", "1", "--faults", "pause,kill,terminate_backend", "--json", str(tmp_path / "figures.json"),
+        sys.executable, "manage.py", "coordination_chaos", "--celery", "--seconds", "20",
+        "--ttl", "1", "--fault-interval", "0.8", "--faults", "pause,kill,terminate_backend",
+        "--json", str(tmp_path / "figures.json"),
     ]
     environment = {
         **os.environ, "CELERY_BROKER_URL": os.environ["COORDINATION_TEST_REDIS_URL"],
@@ -334,7 +335,7 @@ def database_url() -> str:
 @pytest.mark.django_db(transaction=True)
 def test_without_fencing_the_checker_finds_stale_writes_accepted(tmp_path: Path) -> None:
     # Pauses are the fault that makes a late writer; they come often here.
-    config = ChaosConfig(seconds=12, workers=4, keys=2, ttl=0.8, fencing=False, fault_interval=0.7,
+    config = ChaosConfig(seconds=10, workers=4, keys=2, ttl=0.8, fencing=False, fault_interval=0.7,
                          faults=("pause",))
     report = ChaosRun(config, out=io.StringIO()).run()
     assert not report.passed

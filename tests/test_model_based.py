@@ -284,7 +284,7 @@ def test_the_python_api_follows_the_fencing_contract_model() -> None:
     run_state_machine_as_test(
         FencingContract,
         settings=settings(
-            max_examples=25,
+            max_examples=20,
             stateful_step_count=40,
             deadline=None,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
