@@ -275,6 +275,7 @@ needs_server_binaries = pytest.mark.skipif(
 
 
 @pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
 @pytest.mark.skipif(not MAIN_LEG, reason="the 30 s chaos run is on the PostgreSQL main leg only")
 @needs_server_binaries
 def test_a_chaos_run_with_every_fault_kind_keeps_the_fencing_contract(tmp_path: Path) -> None:
@@ -286,7 +287,10 @@ def test_a_chaos_run_with_every_fault_kind_keeps_the_fencing_contract(tmp_path: 
         "--json", str(tmp_path / "figures.json"),
         "--history", str(tmp_path / "history.jsonl"),
     ]
-    run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=240, check=False)
+    # Its default database is this run's (migrated) test database; it is not written to.
+    environment = {**os.environ, "DATABASE_URL": database_url()}
+    run = subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True,
+                         timeout=240, check=False)
     output = run.stdout + run.stderr
     assert run.returncode == 0, output
     figures = json.loads((tmp_path / "figures.json").read_text())
