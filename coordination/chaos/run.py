@@ -108,7 +108,7 @@ class ChaosRun:
 
     def run(self) -> Report:
         # SIGTERM ends the run like Ctrl-C does: through the cleanup below.
-        previous = signal.getsignal(signal.SIGTERM)
+        previous = signal.getsignal(signal.SIGTERM) or signal.SIG_DFL
         main_thread = threading.current_thread() is threading.main_thread()
         if main_thread:
             signal.signal(signal.SIGTERM, _raise_interrupt)
