@@ -173,7 +173,11 @@ def _on_retry(sender: Any, request: Any, reason: Any, **kwargs: Any) -> None:
     path = (request.kwargs or {}).get("report")
     if path:
         cause = getattr(reason, "exc", None) or reason  # Retry wraps the exception that caused it
-        record(path, "retry", reason=type(cause).__name__, detail=str(cause), retries=request.retries)
+        when = getattr(reason, "when", None)
+        record(
+            path, "retry", reason=type(cause).__name__, detail=str(cause), retries=request.retries,
+            countdown=when if isinstance(when, int | float) else None,
+        )
 
 
 signals.lock_lost.connect(_on_lock_lost, dispatch_uid="tests.celery_worker_tasks.lock_lost")

@@ -309,6 +309,8 @@ def test_a_copy_of_the_same_task_id_backs_off_while_its_previous_execution_holds
     acquired = [e for e in events(report) if e["event"] == "acquired"]
 
     assert retry["reason"] == "LockHeld"
+    # Back-off from the holder's remaining lease (at most the 1 s ttl) plus jitter.
+    assert 0 < retry["countdown"] <= 1.0 + 0.5
     assert [e["task_id"] for e in acquired] == [task_id, task_id]
     assert acquired[1]["token"] == first["token"] + 1
     assert acquired[1]["retries"] >= 1
