@@ -42,6 +42,7 @@ class RedisBroker:
 
     url: str
     prefix: str
+    queues: set[str] = field(default_factory=set, compare=False)
 
     @classmethod
     def fresh(cls) -> RedisBroker:
@@ -66,6 +67,9 @@ class RedisBroker:
     def clean(self) -> None:
         client = redis.Redis.from_url(self.url)
         keys = list(client.scan_iter(match=self.prefix + "*", count=500))
+        # Exchange bindings are kept outside the prefix by kombu.
+        for queue in self.queues:
+            keys += [f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}"]
         if keys:
             client.delete(*keys)
 
@@ -129,6 +133,7 @@ def start_worker(
     **env: str,
 ) -> Worker:
     if isinstance(broker, RedisBroker):
+        broker.queues.add(queue)
         env = {"COORDINATION_TEST_REDIS_PREFIX": broker.prefix, **env}
         broker = broker.url
     log = log_dir / f"{name}.log"
