@@ -15,6 +15,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from coordination import locks, signals
 from coordination.contrib import tasks as contrib_tasks
+from coordination.exceptions import InvalidInput
 from coordination.models import Grant, GrantEnd, Lock
 from project.demo.models import Account
 
@@ -120,3 +121,10 @@ def test_context_argument_is_not_part_of_the_key_and_names_the_holder() -> None:
     assert result.status == TaskResultStatus.SUCCESSFUL, result.errors
     assert result.id in result.return_value["holder"]
     assert result.return_value["attempt"] == 1
+
+
+def test_async_task_functions_are_refused_when_declared() -> None:
+    async def fetch(account_id: int) -> None: ...
+
+    with pytest.raises(InvalidInput, match="async"):
+        contrib_tasks.fenced(lock="account:{account_id}")(fetch)

@@ -76,6 +76,12 @@ def fenced(
     validate_on_busy(on_busy, ("skip", "raise"))
 
     def decorate(func: _F) -> _F:
+        if inspect.iscoroutinefunction(func):
+            # The keep-alive, the grant context and the release are synchronous;
+            # a coroutine would run after the lease was already released.
+            raise InvalidInput(
+                f"{func.__qualname__} is async; fenced tasks must be plain functions"
+            )
         signature = _key_signature(func, takes_context)
 
         @functools.wraps(func)
