@@ -673,12 +673,19 @@ FROM up LEFT JOIN ended ON true
 """
 
 def _sql(template: str, connection: BaseDatabaseWrapper) -> str:
-    quote = connection.ops.quote_name
-    return template.format(
-        lock=quote(Lock._meta.db_table),
-        grant=quote(Grant._meta.db_table),
-        ticket=quote(Ticket._meta.db_table),
-    )
+    key = (template, connection.vendor)
+    text = _SQL_TEXT.get(key)
+    if text is None:
+        quote = connection.ops.quote_name
+        text = _SQL_TEXT[key] = template.format(
+            lock=quote(Lock._meta.db_table),
+            grant=quote(Grant._meta.db_table),
+            ticket=quote(Ticket._meta.db_table),
+        )
+    return text
+
+
+_SQL_TEXT: dict[tuple[str, str], str] = {}
 
 
 def _execute(connection: BaseDatabaseWrapper, template: str, params: dict[str, object]) -> Any:
