@@ -380,21 +380,26 @@ def _check_lock_refusals(
 def _check_realtime_order(
     ordered: list[Op], check_name: str, subject: str, violations: list[Violation], describe: Any
 ) -> list[Op]:
-    """Ops must be linearizable in the given order: none may complete before an op
-    earlier in the order was invoked. Returns the ops that broke it."""
+    """Ops must be linearizable in the given (token) order: none may take effect
+    after an op later in the order had already been acknowledged. Returns the ops
+    that did (one violation each, naming the earliest acknowledged later op)."""
     broken: list[Op] = []
-    latest: Op | None = None
-    for op in ordered:
-        if latest is not None and op.completed < latest.invoked:
+    found: list[Violation] = []
+    first_done: Op | None = None  # of the ops later in the order, the first acknowledged
+    for op in reversed(ordered):
+        if first_done is not None and first_done.completed < op.invoked:
             broken.append(op)
-            violations.append(Violation(
+            found.append(Violation(
                 check_name,
-                f"{describe(op)} ({op.id}, worker {op.worker}) was acknowledged before "
-                f"{describe(latest)} ({latest.id}) was even invoked, yet orders before it",
+                f"{describe(op)} ({op.id}, worker {op.worker}) took effect although "
+                f"{describe(first_done)} ({first_done.id}, worker {first_done.worker}) had already "
+                "been acknowledged",
                 subject,
             ))
-        if latest is None or op.invoked > latest.invoked:
-            latest = op
+        if first_done is None or op.completed < first_done.completed:
+            first_done = op
+    broken.reverse()
+    violations.extend(reversed(found))
     return broken
 
 
