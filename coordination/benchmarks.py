@@ -262,10 +262,16 @@ def _percentile_ms(ordered: list[float], fraction: float) -> float | None:
 # --- the systems -----------------------------------------------------------------
 
 
+_client_scopes: list[Any] = []
+
+
 def locks_client(hot: bool, *, prepared: bool = False) -> ClientFactory:
     def make(index: int) -> Operation:
-        # In the forked client only, for the rest of its life.
-        bench_settings(BENCH_ALIAS, PREPARED_STATEMENTS=prepared).__enter__()
+        # In the forked client only, for the rest of its life (the reference
+        # keeps the override from being closed when the generator is collected).
+        scope = bench_settings(BENCH_ALIAS, PREPARED_STATEMENTS=prepared)
+        scope.__enter__()
+        _client_scopes.append(scope)
         keys = ["bench-hot"] if hot else [f"bench-{index}-{n}" for n in range(64)]
         counter = iter(range(10**12))
 
