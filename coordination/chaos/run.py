@@ -257,7 +257,7 @@ class ChaosRun:
             # SIGSTOP of that process pauses the task mid-way.
             command = [
                 sys.executable, "-m", "celery", "-A", self.config.celery_app, "worker",
-                "-P", "solo", "-Q", self.queue, "-n", f"{name}@%h",
+                "-P", "solo", "--prefetch-multiplier", "1", "-Q", self.queue, "-n", f"{name}@%h",
                 "--include", "coordination.chaos.celery_tasks",
                 "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "WARNING",
             ]
@@ -334,11 +334,16 @@ class ChaosRun:
             self.sent += 1
 
     def _delete_queue(self) -> None:
+        """Remove the run's queue and its binding from the broker (best effort)."""
         from celery import current_app
+        from kombu import Exchange, Queue
 
         with contextlib.suppress(Exception), current_app.connection_for_write() as connection:
-            channel: Any = connection.default_channel
-            channel.queue_delete(self.queue)
+            # Declared here so that this channel knows the binding it must remove.
+            queue = Queue(self.queue, Exchange(self.queue, type="direct"), routing_key=self.queue,
+                          channel=connection.default_channel)
+            queue.declare()
+            queue.delete()
 
     # --- faults ------------------------------------------------------------------
 
