@@ -24,7 +24,7 @@ import secrets
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from typing import Any, NoReturn, cast
+from typing import Any, NamedTuple, NoReturn, cast
 
 from django.db import connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -123,6 +123,7 @@ def acquire(
         "lock_delay", upper=float(app_settings.MAX_TTL),
     )
     alias = using or app_settings.DATABASE
+    started = time.monotonic()
     if wait <= 0:
         grant = _grant(key, holder, lease, delay, None, alias, retry=True)
     else:
@@ -132,8 +133,20 @@ def acquire(
             "lock acquired key=%s token=%d holder=%s expires_at=%s",
             key, grant.token, holder, grant.expires_at.isoformat(),
         )
-    signals.lock_acquired.send(sender=Grant, grant=grant)
+    taken_over: _TakenOver | None = getattr(grant, "taken_over", None)
+    if taken_over is not None:
+        signals.lock_expired.send(sender=Grant, key=key, **taken_over._asdict())
+    signals.lock_acquired.send(sender=Grant, grant=grant, waited=time.monotonic() - started)
     return grant
+
+
+class _TakenOver(NamedTuple):
+    """The lease an acquire found expired and closed (unknown fields are None)."""
+
+    token: int | None
+    holder: str | None
+    acquired_at: dt.datetime | None
+    expired_at: dt.datetime | None
 
 
 def _wait_for_grant(
@@ -196,6 +209,7 @@ def renew(grant: Grant, *, ttl: float | None = None, using: str | None = None) -
         signals.lock_lost.send(sender=Grant, grant=grant, error=lost)
         raise
     grant.expires_at = expires_at
+    signals.lock_renewed.send(sender=Grant, grant=grant)
     return grant
 
 
@@ -216,6 +230,10 @@ def release(grant: Grant, *, using: str | None = None) -> Grant:
     grant.ended_at, grant.end_reason = ended_at, reason
     if expired_at is not None:
         grant.mark_lost()
+        signals.lock_expired.send(
+            sender=Grant, key=grant.key, token=grant.token, holder=grant.holder,
+            acquired_at=grant.acquired_at, expired_at=expired_at,
+        )
         raise LeaseLost(
             f"lease of {grant.key!r} token {grant.token} expired at "
             f"{expired_at.isoformat()} before release; the lock is now free"
@@ -506,9 +524,11 @@ def _grant_in_transaction(
         now = _read_clock(connection)
         ahead = _tickets_ahead(key, ticket, now, alias)
         _refuse_unless_grantable(lock, now, ahead)
+        taken_over = None
         if lock.holder:
             # The previous lease ran out without a release: close it as expired.
             assert lock.expires_at is not None
+            taken_over = _TakenOver(lock.token, lock.holder, lock.acquired_at, lock.expires_at)
             _end_current(lock, GrantEnd.EXPIRED, lock.expires_at, alias)
         lease_id = secrets.token_urlsafe(32)
         lease_hash = hash_lease_id(lease_id)
@@ -528,6 +548,7 @@ def _grant_in_transaction(
         if ticket is not None:
             Ticket.objects.using(alias).filter(pk=ticket).delete()
     grant.lease_id = lease_id
+    grant.taken_over = taken_over  # type: ignore[attr-defined]
     return grant
 
 
@@ -738,12 +759,13 @@ def _grant_in_one_statement(
     if row is None:
         state = _execute(connection, _LOCK_STATE_SQL, {"key": key, "ticket": place})
         _raise_refusal(key, state)
-    lock_id, token, acquired_at, expires_at, created_at, grant_id, seen, _, _ = row
+    lock_id, token, acquired_at, expires_at, created_at, grant_id, seen, closed, _ = row
     if token > 1 and seen != token - 1:
-        _execute(
+        late = _execute(
             connection, _CLOSE_EXPIRED_SQL,
             {"lock_id": lock_id, "since": seen or 0, "token": token},
         )
+        closed = closed or (late is not None)
     lock = Lock(
         id=lock_id, key=key, token=token, holder=holder, lease_hash=lease_hash,
         acquired_at=acquired_at, expires_at=expires_at, created_at=created_at,
@@ -756,6 +778,8 @@ def _grant_in_one_statement(
     )
     grant._state.adding, grant._state.db = False, alias
     grant.lease_id = lease_id
+    # The statement does not return the closed lease's holder and times.
+    grant.taken_over = _TakenOver(token - 1, None, None, None) if closed else None  # type: ignore[attr-defined]
     return grant
 
 

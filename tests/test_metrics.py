@@ -124,9 +124,10 @@ def test_renewals_expiries_and_wait_follow_their_signals(meter: Meter) -> None:
     assert meter("coordination_renewals_total") == 1
     assert meter("coordination_expiries_total") == 1
     assert meter("coordination_lease_duration_seconds_bucket", le="30.0") == 1
-    assert meter("coordination_acquire_wait_seconds_count") == 1
-    assert meter("coordination_acquire_wait_seconds_bucket", le="0.5") == 1
-    assert meter("coordination_acquire_wait_seconds_bucket", le="0.1") == 0
+    # acquire() itself observed its (near zero) wait, then the 0.25 s sent above.
+    assert meter("coordination_acquire_wait_seconds_count") == 2
+    assert meter("coordination_acquire_wait_seconds_bucket", le="0.5") == 2
+    assert meter("coordination_acquire_wait_seconds_bucket", le="0.1") == 1
 
 
 # --- the scrape ----------------------------------------------------------------------
@@ -245,3 +246,41 @@ def test_a_refused_write_is_logged_as_key_value_and_structured_fields(fencing_lo
         "key": "mailer:1", "token": old.token, "step": 1, "holder": "A",
         "watermark_token": new.token, "watermark_step": 1,
     }
+
+
+def test_grant_point_sends_the_signals_metrics_count() -> None:
+    received: list[tuple[str, dict[str, object]]] = []
+
+    def keep(name: str):  # type: ignore[no-untyped-def]
+        def receiver(sender: object, **kwargs: object) -> None:
+            received.append((name, kwargs))
+        return receiver
+
+    receivers = {
+        "acquired": keep("acquired"), "renewed": keep("renewed"), "expired": keep("expired"),
+    }
+    signals.lock_acquired.connect(receivers["acquired"])
+    signals.lock_renewed.connect(receivers["renewed"])
+    signals.lock_expired.connect(receivers["expired"])
+    try:
+        first = locks.acquire("signals:1", holder="A", ttl=0.2)
+        locks.renew(first, ttl=0.2)
+        wait_until_database_time_passes(first.expires_at)
+        second = locks.acquire("signals:1", holder="B", ttl=0.2)  # takes the expired lease over
+        wait_until_database_time_passes(second.expires_at)
+        with pytest.raises(LeaseLost):
+            locks.release(second)  # too late: recorded as expired
+    finally:
+        for name, signal in (
+            ("acquired", signals.lock_acquired), ("renewed", signals.lock_renewed),
+            ("expired", signals.lock_expired),
+        ):
+            signal.disconnect(receivers[name])
+
+    names = [name for name, _ in received]
+    assert names == ["acquired", "renewed", "expired", "acquired", "expired"]
+    assert all(isinstance(kw["waited"], float) for name, kw in received if name == "acquired")
+    takeover, late_release = (kw for name, kw in received if name == "expired")
+    assert (takeover["key"], takeover["token"]) == ("signals:1", first.token)
+    assert (late_release["token"], late_release["holder"]) == (second.token, "B")
+    assert late_release["expired_at"] == second.expires_at
