@@ -23,7 +23,9 @@ import multiprocessing
 import os
 import platform
 import random
+import signal
 import statistics
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -734,6 +736,180 @@ def fairness_suite(config: BenchConfig, alias: str, progress: Callable[[str], No
 
 
 def celery_suite(config: BenchConfig, alias: str, progress: Callable[[str], None]) -> dict[str, Any]:
+    """A fenced Celery task against the same task unfenced: through a real broker
+    and worker (``end_to_end``), and in process by ``apply()`` (``in_process``)."""
+    try:
+        import celery  # noqa: F401
+
+        from .contrib import celery as contrib_celery  # noqa: F401
+    except ImportError:
+        return {"skipped": "Celery or coordination.contrib.celery is not available"}
+    if fenced_model() is None:
+        return {"skipped": "no FencedModel to write (project.demo is not installed)"}
+    why_not = redis_available(config.redis_url)
+    end_to_end = (
+        {"skipped": why_not} if why_not else celery_worker_suite(config, alias, progress)
+    )
+    return {"end_to_end": end_to_end, "in_process": celery_apply_suite(config, alias, progress)}
+
+
+def celery_worker_suite(
+    config: BenchConfig, alias: str, progress: Callable[[str], None]
+) -> dict[str, Any]:
+    """Fenced and unfenced tasks through Redis and one real ``celery worker`` (solo pool).
+
+    The tasks are ``coordination.bench_tasks``; the worker writes the bench tables
+    (their settings travel in an environment variable). Alternating rounds, each
+    variant per round: ``celery_rounds // 20`` tasks one at a time (latency, send
+    to completion after the task returned) then a burst of twice as many
+    (throughput, first send to last completion). The worker is killed on every exit.
+    """
+    import json
+    import subprocess
+    import sys
+    import tempfile
+    import uuid
+
+    import redis
+    from celery import Celery
+    from django.conf import settings
+
+    from . import bench_tasks
+
+    url = str(config.redis_url)
+    run = uuid.uuid4().hex[:10]
+    queue = f"coordination-bench-{run}"
+    report = f"coordination-bench-report-{run}"
+    client = redis.Redis.from_url(url)
+    model: Any = fenced_model()
+    row = model._default_manager.using(alias).create(owner="celery-worker-bench")
+    env = {
+        **os.environ,
+        "CELERY_BROKER_URL": url,
+        bench_tasks.DATABASE_ENV: json.dumps(connections.databases[alias], default=str),
+        bench_tasks.REPORT_ENV: url,
+    }
+    env.pop("CELERY_RESULT_BACKEND", None)
+    producer = Celery("coordination-bench", broker=url, set_as_current=False)
+    producer.conf.task_serializer = "json"
+    # Closed (and so deleted) in the finally below, after the worker is gone.
+    log = tempfile.NamedTemporaryFile(  # noqa: SIM115
+        prefix="coordination-bench-worker-", suffix=".log"
+    )
+    progress("celery tasks through Redis and a worker, fenced and unfenced")
+    def stop(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)  # runs the finally below, which stops the worker
+
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, stop) if main else None
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "project", "worker", "--pool=solo",
+         "--concurrency=1", "-Q", queue, "-I", "coordination.bench_tasks",
+         "-n", f"bench-{run}@%h", "--without-gossip", "--without-mingle",
+         "--without-heartbeat", "--loglevel=WARNING"],
+        cwd=str(settings.BASE_DIR), env=env, stdout=log, stderr=subprocess.STDOUT,
+    )
+    names = {"fenced": bench_tasks.FENCED, "unfenced": bench_tasks.UNFENCED}
+    amount = 0
+
+    def send(name: str) -> None:
+        nonlocal amount
+        amount += 1
+        producer.send_task(
+            names[name], args=(row.pk, amount), queue=queue,
+            kwargs={"sent_at": time.time(), "report": report},
+        )
+
+    def collect(count: int, timeout: float) -> list[tuple[float, float]]:
+        done: list[tuple[float, float]] = []
+        deadline = time.monotonic() + timeout
+        while len(done) < count:
+            left = deadline - time.monotonic()
+            popped = client.blpop([report], timeout=max(1, int(left))) if left > 0 else None
+            if popped is None:
+                if worker.poll() is not None:
+                    raise RuntimeError(f"bench worker exited ({worker.returncode}): {_tail(log.name)}")
+                if time.monotonic() >= deadline:
+                    raise RuntimeError(f"bench tasks did not complete: {_tail(log.name)}")
+                continue
+            _name, sent_at, done_at, state = json.loads(popped[1])
+            if state != "SUCCESS":
+                raise RuntimeError(f"bench task {_name} ended {state}: {_tail(log.name)}")
+            done.append((sent_at, done_at))
+        return done
+
+    latency: dict[str, list[float]] = {name: [] for name in names}
+    burst_tasks: dict[str, int] = dict.fromkeys(names, 0)
+    burst_seconds: dict[str, float] = dict.fromkeys(names, 0.0)
+    block = max(2, config.celery_rounds // 20)
+    try:
+        for name in names:  # warm-up, and waits for the worker to consume
+            send(name)
+            collect(1, 120)
+        for _ in range(max(1, config.celery_rounds // 40)):
+            for name in names:
+                for _ in range(block):
+                    send(name)
+                    sent_at, done_at = collect(1, 60)[0]
+                    latency[name].append(done_at - sent_at)
+                began = time.time()
+                for _ in range(2 * block):
+                    send(name)
+                finished = collect(2 * block, 120)
+                burst_tasks[name] += 2 * block
+                burst_seconds[name] += max(done_at for _, done_at in finished) - began
+        # The worker wrote the bench tables, not the site's: the last write is here.
+        row.refresh_from_db(using=alias)
+        if int(row.balance) != amount:
+            raise RuntimeError(f"bench worker wrote elsewhere: balance {row.balance}, sent {amount}")
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
+        worker.terminate()
+        try:
+            worker.wait(15)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
+        log.close()
+        with contextlib.suppress(Exception):
+            client.delete(
+                report, queue, f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}"
+            )
+        with contextlib.suppress(Exception):
+            producer.close()
+    result: dict[str, Any] = {
+        "how": "Redis broker, one celery worker (solo pool); the same lock key and row for all",
+    }
+    for name, values in latency.items():
+        values.sort()
+        result[name] = {
+            "tasks": len(values),
+            "p50_ms": _percentile_ms(values, 0.5),
+            "p99_ms": _percentile_ms(values, 0.99),
+            "burst_tasks": burst_tasks[name],
+            "tasks_per_s": round(burst_tasks[name] / burst_seconds[name], 1)
+            if burst_seconds[name] > 0 else None,
+        }
+    result["fenced_over_unfenced"] = round(
+        (result["fenced"]["p50_ms"] or 0) / (result["unfenced"]["p50_ms"] or 1), 3
+    )
+    unfenced_rate = result["unfenced"]["tasks_per_s"]
+    result["fenced_over_unfenced_throughput"] = (
+        round((result["fenced"]["tasks_per_s"] or 0) / unfenced_rate, 3) if unfenced_rate else None
+    )
+    return result
+
+
+def _tail(path: str) -> str:
+    with contextlib.suppress(OSError), open(path, errors="replace") as log:
+        return log.read()[-2000:]
+    return ""
+
+
+def celery_apply_suite(
+    config: BenchConfig, alias: str, progress: Callable[[str], None]
+) -> dict[str, Any]:
     """A fenced Celery task against the same task unfenced, run by ``apply()``.
 
     In-process (Celery's task machinery, no broker, no worker): what the fencing
@@ -764,7 +940,7 @@ def celery_suite(config: BenchConfig, alias: str, progress: Callable[[str], None
 
     tasks = {"fenced": fenced_settle, "unfenced": plain_settle}
     timings: dict[str, list[float]] = {name: [] for name in tasks}
-    progress("celery tasks, fenced and unfenced")
+    progress("celery tasks in process (apply()), fenced and unfenced")
     amount = 0
     for _ in range(max(1, config.celery_rounds // 20)):
         for name, task in tasks.items():
@@ -876,15 +1052,40 @@ def table(results: dict[str, Any]) -> str:
         if "skipped" in celery:
             lines.append(f"celery: skipped ({celery['skipped']})")
         else:
+            lines.append("celery task, fenced against the same task writing with update()")
+            worker = celery["end_to_end"]
+            if "skipped" in worker:
+                lines.append(f"through a worker: skipped ({worker['skipped']})")
+            else:
+                lines.append(
+                    f"through a worker ({worker['how']}): "
+                    f"fenced {_rate(worker['fenced']['tasks_per_s'])} tasks/s, "
+                    f"p50 {_ms(worker['fenced']['p50_ms'])} ms, "
+                    f"p99 {_ms(worker['fenced']['p99_ms'])} ms; "
+                    f"unfenced {_rate(worker['unfenced']['tasks_per_s'])} tasks/s, "
+                    f"p50 {_ms(worker['unfenced']['p50_ms'])} ms, "
+                    f"p99 {_ms(worker['unfenced']['p99_ms'])} ms; "
+                    f"ratio p50 {worker['fenced_over_unfenced']:.2f}, "
+                    f"throughput {_ratio(worker['fenced_over_unfenced_throughput'])}"
+                )
+            local = celery["in_process"]
             lines.append(
-                f"celery task ({celery['how']}): fenced p50 {_ms(celery['fenced']['p50_ms'])} ms, "
-                f"unfenced p50 {_ms(celery['unfenced']['p50_ms'])} ms, "
-                f"ratio {celery['fenced_over_unfenced']:.2f}"
+                f"in process ({local['how']}): fenced p50 {_ms(local['fenced']['p50_ms'])} ms, "
+                f"unfenced p50 {_ms(local['unfenced']['p50_ms'])} ms, "
+                f"ratio {local['fenced_over_unfenced']:.2f}"
             )
     return "\n".join(lines) + "\n"
 
 
 def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
+def _ratio(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 

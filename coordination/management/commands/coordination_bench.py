@@ -40,7 +40,9 @@ class Command(BaseCommand):
             "--rounds", type=int, default=3,
             help="rounds per measurement, systems shuffled each round (default 3)",
         )
-        parser.add_argument("--redis-url", help="Redis for the python-redis-lock peer")
+        parser.add_argument(
+            "--redis-url", help="Redis for the python-redis-lock peer and the Celery worker's broker",
+        )
         parser.add_argument(
             "--scale-locks", default="1000,1000000",
             help="lock rows for the small and the large latency runs (default 1000,1000000)",
