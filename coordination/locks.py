@@ -1,12 +1,16 @@
 """The grant point: lease locks that issue fencing tokens.
 
-Every grant is one transaction on the lock's row: create the row if it is
-missing (``INSERT ... ON CONFLICT DO NOTHING``), lock it
-(``SELECT ... FOR UPDATE``; on SQLite the IMMEDIATE transaction holds the
-database write lock), read the database clock, decide free or held, raise the
-token counter by one and record the grant. Whoever holds the row lock is the
-only one deciding, so tokens of a key are unique and strictly increasing in
-grant order, and two leases of a key never overlap in database time.
+Every grant is one atomic state change of the lock's row. On PostgreSQL it is
+one statement: ``INSERT ... ON CONFLICT (key) DO UPDATE ... WHERE <free>``
+locks the row (creating it if missing), reads ``clock_timestamp()`` after the
+lock is held, decides free or held, raises the token counter by one, and its
+CTEs close the expired previous grant and record the new one. On SQLite the
+same decision is an ORM transaction under BEGIN IMMEDIATE (the database write
+lock): create the row if missing, lock it, read the clock, decide, record.
+Whoever holds the row lock is the only one deciding, so tokens of a key are
+unique and strictly increasing in grant order, and two leases of a key never
+overlap in database time. Renew and revoke lock the row with
+``SELECT ... FOR UPDATE``.
 
 A lease only says the holder *was* granted the lock: a paused holder does not
 know its lease ended. Pass ``grant`` to the fenced writes of
