@@ -34,7 +34,7 @@ from typing import Any
 from django.apps import apps
 from django.db import connections, models, transaction
 
-from . import locks
+from . import locks, pgsql
 from .conf import app_settings
 from .exceptions import LockHeld
 from .models import Grant, Lock, Ticket
@@ -131,6 +131,7 @@ def bench_database(database: str | None = None, *, keep: bool = False) -> Iterat
             for model in bench_models():
                 editor.create_model(model)
         if vendor == "postgresql":
+            pgsql.install_for_models(connections[BENCH_ALIAS])
             with connections[BENCH_ALIAS].cursor() as cursor:
                 cursor.execute(
                     "CREATE TABLE floor_lock (key text PRIMARY KEY, token bigint NOT NULL DEFAULT 0,"

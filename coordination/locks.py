@@ -28,12 +28,12 @@ import secrets
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from typing import Any, NamedTuple, NoReturn, cast
+from typing import Any, NamedTuple, cast
 
 from django.db import connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from . import signals
+from . import pgsql, signals
 from .conf import app_settings
 from .exceptions import InTransaction, InvalidInput, LeaseLost, LockHeld, TokenExhausted
 from .models import (
@@ -162,7 +162,7 @@ def _wait_for_grant(
     # Free at once is the common case: no wake-up connection, no ticket.
     with suppress(LockHeld):
         return _grant(key, holder, lease, delay, None, alias, retry=True)
-    with _Waiter(key, holder, alias, fair=fair) as waiter:
+    with _Waiter(key, holder, alias, fair=fair, wait=wait) as waiter:
         while True:
             try:
                 grant = _grant(key, holder, lease, delay, waiter.ticket, alias, retry=True)
@@ -381,22 +381,40 @@ class _Waiter:
     notification is only a hint to try again: the grant point decides.
     """
 
-    def __init__(self, key: str, holder: str, alias: str, *, fair: bool) -> None:
+    def __init__(
+        self, key: str, holder: str, alias: str, *, fair: bool, wait: float = 0.0
+    ) -> None:
         self.key, self.holder, self.alias, self.fair = key, holder, alias, fair
         self.ticket: int | None = None
         self.listening: Any = None
+        self.registered = False
+        self._wake_until = time.monotonic() + wait
         self._heartbeat_at = 0.0
 
     @property
     def woken_by_notify(self) -> bool:
-        return self.listening is not None
+        return self.listening is not None and self.registered
 
     def __enter__(self) -> _Waiter:
         if connections[self.alias].vendor == "postgresql" and app_settings.WAKE_UPS:
             self.listening = _listen(self.alias)
+            self._register()
         if self.fair:
             self._take_ticket()
         return self
+
+    def _register(self) -> None:
+        """Ask releases of the key to notify, until this waiter gives up (and a
+        second more). Until it has (no lock row yet), the waiter polls."""
+        seconds = max(self._wake_until - time.monotonic(), 0.0) + 1.0
+        try:
+            found = _execute(
+                connections[self.alias], _WAKE_ME_SQL, {"key": self.key, "seconds": seconds}
+            )
+        except Exception as error:
+            logger.warning("cannot ask for wake-ups, polling instead: %s", error)
+            found = None
+        self.registered = found is not None
 
     def __exit__(self, *exc_info: object) -> None:
         if self.listening is not None:
@@ -413,10 +431,12 @@ class _Waiter:
         if self.fair:
             # Keep the ticket alive: wake up in time to renew it.
             pause = min(pause, float(app_settings.TICKET_TTL) / 3)
-        if self.listening is not None:
+        if self.listening is not None and self.registered:
             self._wait_for_notification(pause)
         else:
             time.sleep(pause)
+            if self.listening is not None:
+                self._register()  # before the next attempt, so its release notifies
         if self.fair and time.monotonic() >= self._heartbeat_at:
             self._heartbeat()
 
@@ -599,71 +619,26 @@ def _refuse_unless_grantable(lock: Lock, now: dt.datetime, ahead: int) -> None:
         )
 
 
-# --- PostgreSQL: one statement per grant and per release --------------------
+# --- PostgreSQL: one function call per grant and per release ----------------
 #
-# The same decision as the transaction above, in one round trip. The upsert's
-# ON CONFLICT DO UPDATE locks the existing lock row before it evaluates its
-# WHERE and SET, exactly as SELECT ... FOR UPDATE would, and it always sees the
-# latest committed row version; clock_timestamp() is therefore read after the
-# row lock is held. A racing first acquire of a new key waits on the
-# speculative insert and then takes the same locked path. The grant row is
-# inserted by the same statement, so the token and the grant commit together.
+# The same decision as the transaction above, in one round trip: the functions
+# of coordination.pgsql (installed by migration 0006) lock the key's row with
+# an upsert, read clock_timestamp() after the row lock is held, and record the
+# grant in the same transaction. The server caches the plans of the statements
+# inside them per connection.
 
-_ACQUIRE_SQL = """
-WITH seen AS (
-    SELECT token, holder FROM {lock} WHERE key = %(key)s
-), up AS (
-    INSERT INTO {lock} AS l (
-        key, token, holder, lease_hash, acquired_at, expires_at, created_at, lock_delay
-    )
-    SELECT %(key)s, 1, %(holder)s, %(hash)s, c.t, c.t + make_interval(secs => %(ttl)s), c.t,
-        %(delay)s
-    FROM (SELECT clock_timestamp() AS t) AS c
-    WHERE NOT EXISTS (
-        SELECT 1 FROM {ticket} AS q
-        WHERE q.lock_key = %(key)s AND q.id < %(ticket)s AND q.expires_at > clock_timestamp()
-    )
-    ON CONFLICT (key) DO UPDATE SET
-        token = l.token + 1, holder = EXCLUDED.holder, lease_hash = EXCLUDED.lease_hash,
-        (acquired_at, expires_at) = (
-            SELECT c.t, c.t + make_interval(secs => %(ttl)s)
-            FROM (SELECT clock_timestamp() AS t) AS c
-        ),
-        lock_delay = EXCLUDED.lock_delay, delay_until = NULL
-    WHERE (
-            (l.holder = '' AND (l.delay_until IS NULL OR l.delay_until <= clock_timestamp()))
-            OR l.expires_at + make_interval(secs => l.lock_delay) <= clock_timestamp()
-        )
-        AND l.token < %(max_token)s
-    RETURNING l.id, l.token, l.acquired_at, l.expires_at, l.created_at
-), closed AS (
-    UPDATE {grant} AS g SET ended_at = g.expires_at, end_reason = 'expired'
-    FROM up, seen
-    WHERE g.lock_id = up.id AND g.token = seen.token AND seen.holder <> ''
-        AND g.ended_at IS NULL
-    RETURNING g.token
-), granted AS (
-    INSERT INTO {grant} (lock_id, token, holder, lease_hash, acquired_at, expires_at, end_reason)
-    SELECT up.id, up.token, %(holder)s, %(hash)s, up.acquired_at, up.expires_at, ''
-    FROM up
-    RETURNING id
-), dequeued AS (
-    DELETE FROM {ticket} AS q USING up WHERE q.id = %(ticket)s
-    RETURNING q.id
-)
-SELECT up.id, up.token, up.acquired_at, up.expires_at, up.created_at, granted.id,
-       (SELECT token FROM seen), (SELECT count(*) FROM closed), (SELECT count(*) FROM dequeued)
-FROM up, granted
-"""
+_ACQUIRE_CALL = f"SELECT * FROM {pgsql.ACQUIRE_FUNCTION}(%s, %s, %s, %s, %s, %s, %s)"
+_RELEASE_CALL = f"SELECT * FROM {pgsql.RELEASE_FUNCTION}(%s, %s, %s, %s, %s)"
 
-# The statement's snapshot predates its wait for the row lock. If tokens were
-# issued in between, the grants it could not see that are still open were
-# taken over by this grant: close them as expired. The range is only the tokens
-# issued during the wait.
-_CLOSE_EXPIRED_SQL = """
-UPDATE {grant} SET ended_at = expires_at, end_reason = 'expired'
-WHERE lock_id = %(lock_id)s AND token >= %(since)s AND token < %(token)s AND ended_at IS NULL
-RETURNING token
+# A waiter says until when it may wait, before its next attempt; a release
+# notifies only while someone may be waiting. The row lock orders this with
+# the release's update: either the release sees it, or it committed first and
+# the attempt after this sees the lock free.
+_WAKE_ME_SQL = """
+UPDATE {lock} SET wake_until = GREATEST(wake_until,
+    clock_timestamp() + make_interval(secs => %(seconds)s))
+WHERE key = %(key)s
+RETURNING 1
 """
 
 # One row even for a key never granted: its queue may still refuse a first grant.
@@ -675,27 +650,6 @@ SELECT l.id, l.token, l.holder, l.lease_hash, l.expires_at, clock_timestamp(), l
 FROM (SELECT 1) AS one LEFT JOIN {lock} AS l ON l.key = %(key)s
 """
 
-# Release matches the lease by key, token and lease hash; the grant row's
-# expires_at (moved together with the lock's by renew) says whether the lease
-# ran out first. RETURNING is evaluated after the row lock is held.
-_RELEASE_SQL = """
-WITH up AS (
-    UPDATE {lock} SET holder = '', lease_hash = '', acquired_at = NULL, expires_at = NULL,
-        delay_until = CASE WHEN expires_at <= clock_timestamp()
-            THEN expires_at + make_interval(secs => lock_delay) END
-    WHERE key = %(key)s AND holder <> '' AND token = %(token)s AND lease_hash = %(hash)s
-    RETURNING id, clock_timestamp() AS now
-), ended AS (
-    UPDATE {grant} AS g SET
-        ended_at = LEAST(up.now, g.expires_at),
-        end_reason = CASE WHEN g.expires_at > up.now THEN 'released' ELSE 'expired' END
-    FROM up WHERE g.lock_id = up.id AND g.token = %(token)s AND g.ended_at IS NULL
-    RETURNING g.ended_at, g.end_reason
-)
-SELECT up.now, ended.ended_at, ended.end_reason,
-    CASE WHEN %(notify)s THEN pg_notify(%(channel)s, %(key)s) END
-FROM up LEFT JOIN ended ON true
-"""
 
 def _sql(template: str, connection: BaseDatabaseWrapper) -> str:
     key = (template, connection.vendor)
@@ -713,14 +667,17 @@ def _sql(template: str, connection: BaseDatabaseWrapper) -> str:
 _SQL_TEXT: dict[tuple[str, str], str] = {}
 
 
-def _execute(connection: BaseDatabaseWrapper, template: str, params: dict[str, object]) -> Any:
+def _execute(
+    connection: BaseDatabaseWrapper, template: str, params: dict[str, object] | tuple[object, ...]
+) -> Any:
     """Run one grant-point statement and return its first row (or None).
 
     With ``COORDINATION["PREPARED_STATEMENTS"]`` the statement is prepared once
-    per connection (it saves PostgreSQL half its work per grant), whatever the
-    connection's own ``prepare_threshold``: Django leaves preparation off by
-    default for transaction-pooling proxies that cannot keep prepared
-    statements, so this is opt-in too.
+    per connection (the parse and plan of the call itself; the functions' own
+    plans are cached either way), whatever the connection's own
+    ``prepare_threshold``: Django leaves preparation off by default for
+    transaction-pooling proxies that cannot keep prepared statements, so this
+    is opt-in too.
     """
     import psycopg
 
@@ -755,25 +712,25 @@ def _grant_in_one_statement(
     # Without a ticket every live ticket of the key is ahead: no barging past
     # fair waiters.
     place = MAX_TOKEN if ticket is None else ticket
-    params = {
-        "key": key, "holder": holder, "hash": lease_hash, "ttl": lease, "delay": delay,
-        "max_token": MAX_TOKEN, "ticket": place,
-    }
-    row = _execute(connection, _ACQUIRE_SQL, params)
-    if row is None:
-        state = _execute(connection, _LOCK_STATE_SQL, {"key": key, "ticket": place})
-        _raise_refusal(key, state)
-    lock_id, token, acquired_at, expires_at, created_at, grant_id, seen, closed, _ = row
-    if token > 1 and seen != token - 1:
-        late = _execute(
-            connection, _CLOSE_EXPIRED_SQL,
-            {"lock_id": lock_id, "since": seen or 0, "token": token},
+    row = _execute(
+        connection, _ACQUIRE_CALL, (key, holder, lease_hash, lease, delay, place, MAX_TOKEN)
+    )
+    (
+        granted, lock_id, token, current_holder, acquired_at, expires_at, now,
+        lock_delay, delay_until, ahead, grant_id, prev_holder, prev_acquired_at, prev_expires_at,
+    ) = row
+    if not granted:
+        # Why: held, lock-delay, the queue, or out of tokens. If none of these
+        # holds any more (freed since the upsert), the caller tries again.
+        state = Lock(
+            key=key, token=token or 0, holder=current_holder or "", expires_at=expires_at,
+            lock_delay=lock_delay or 0.0, delay_until=delay_until,
         )
-        closed = closed or (late is not None)
+        _refuse_unless_grantable(state, now, ahead)
+        raise _Retry()
     lock = Lock(
         id=lock_id, key=key, token=token, holder=holder, lease_hash=lease_hash,
-        acquired_at=acquired_at, expires_at=expires_at, created_at=created_at,
-        lock_delay=delay, delay_until=None,
+        acquired_at=acquired_at, expires_at=expires_at, lock_delay=delay, delay_until=None,
     )
     lock._state.adding, lock._state.db = False, alias
     grant = Grant(
@@ -782,23 +739,11 @@ def _grant_in_one_statement(
     )
     grant._state.adding, grant._state.db = False, alias
     grant.lease_id = lease_id
-    # The statement does not return the closed lease's holder and times.
-    grant.taken_over = _TakenOver(token - 1, None, None, None) if closed else None  # type: ignore[attr-defined]
-    return grant
-
-
-def _raise_refusal(key: str, state: tuple[Any, ...] | None) -> NoReturn:
-    """Why the upsert granted nothing (held, lock-delay, queue, out of tokens);
-    if none of these holds any more, the caller tries again."""
-    assert state is not None
-    _, token, holder, _, expires_at, now, delay, delay_until, ahead = state
-    lock = Lock(
-        key=key, token=token or 0, holder=holder or "", expires_at=expires_at,
-        lock_delay=delay or 0.0, delay_until=delay_until,
+    grant.taken_over = (  # type: ignore[attr-defined]
+        None if prev_expires_at is None
+        else _TakenOver(token - 1, prev_holder, prev_acquired_at, prev_expires_at)
     )
-    _refuse_unless_grantable(lock, now, ahead)
-    # Freed between the two statements.
-    raise _Retry()
+    return grant
 
 
 class _Retry(Exception):
@@ -810,12 +755,12 @@ def _release_in_one_statement(
 ) -> tuple[GrantEnd, dt.datetime, dt.datetime | None]:
     connection = connections[alias]
     _refuse_in_caller_transaction(connection)
-    params = {
-        "key": grant.key, "token": grant.token, "hash": hash_lease_id(grant.lease_id or ""),
-        "notify": bool(app_settings.WAKE_UPS), "channel": WAKE_UP_CHANNEL,
-    }
-    row = _execute(connection, _RELEASE_SQL, params)
-    if row is None:
+    row = _execute(connection, _RELEASE_CALL, (
+        grant.key, grant.token, hash_lease_id(grant.lease_id or ""),
+        bool(app_settings.WAKE_UPS), WAKE_UP_CHANNEL,
+    ))
+    released, now, ended_at, end_reason = row
+    if not released:
         # Not the current lease: say precisely why, as the ORM path does.
         state = _execute(connection, _LOCK_STATE_SQL, {"key": grant.key, "ticket": MAX_TOKEN})
         if state is None or state[0] is None:
@@ -827,7 +772,6 @@ def _release_in_one_statement(
         )
         _check_holds(lock, grant, now)
         raise LeaseLost(f"lease of {grant.key!r} token {grant.token} is not current")
-    now, ended_at, end_reason, _ = row
     if end_reason == GrantEnd.EXPIRED:
         return GrantEnd.EXPIRED, ended_at, ended_at
     return GrantEnd.RELEASED, ended_at or now, None

@@ -142,6 +142,10 @@ class Lock(models.Model):
     lock_delay = models.FloatField(default=0.0, db_default=0.0)
     delay_until = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(db_default=Now(), editable=False)
+    # PostgreSQL: until when a waiter may be LISTENing for this key's release.
+    # A release notifies only while it is in the future, so releases nobody
+    # waits for skip NOTIFY (whose commit lock serialises the whole server).
+    wake_until = models.DateTimeField(null=True, blank=True, editable=False)
 
     objects = LockQuerySet.as_manager()
 

@@ -282,5 +282,7 @@ def test_grant_point_sends_the_signals_metrics_count() -> None:
     assert all(isinstance(kw["waited"], float) for name, kw in received if name == "acquired")
     takeover, late_release = (kw for name, kw in received if name == "expired")
     assert (takeover["key"], takeover["token"]) == ("signals:1", first.token)
+    assert (takeover["holder"], takeover["acquired_at"]) == ("A", first.acquired_at)
+    assert takeover["expired_at"] == first.expires_at  # as renewed
     assert (late_release["token"], late_release["holder"]) == (second.token, "B")
     assert late_release["expired_at"] == second.expires_at

@@ -13,7 +13,7 @@ from django.db import connections
 
 from coordination import locks
 from coordination.exceptions import LeaseLost, LockHeld
-from coordination.models import Grant, GrantEnd, Ticket
+from coordination.models import Grant, GrantEnd, Lock, Ticket
 
 from .conftest import run_in_threads, wait_until_database_time_passes
 
@@ -82,6 +82,33 @@ def test_revoke_wakes_a_waiter() -> None:
 
     assert outcome[0].token == held.token + 1
     assert outcome[1] - revoked_at < 0.25
+
+
+@pytest.mark.postgres
+@pytest.mark.usefixtures("slow_polling")
+def test_only_releases_someone_waits_for_notify() -> None:
+    # NOTIFY takes a server-wide lock until commit: a release nobody waits for
+    # must not pay it. A waiter says so on the lock row before it sleeps.
+    listening = locks._listen("default")
+    assert listening is not None
+
+    def notified(key: str) -> bool:
+        return any(n.payload == key for n in listening.notifies(timeout=0.3, stop_after=1))
+
+    try:
+        quiet = locks.acquire("quiet", holder="A", ttl=30)
+        locks.release(quiet)
+        assert not notified("quiet")
+
+        held = locks.acquire("waited-for", holder="A", ttl=30)
+        thread, outcome = acquire_in_thread("waited-for", "B", ttl=30, wait=10)
+        wait_for(lambda: Lock.objects.get(key="waited-for").wake_until is not None)
+        locks.release(held)
+        assert notified("waited-for")
+        thread.join(10)
+        assert outcome[0].token == held.token + 1
+    finally:
+        listening.close()
 
 
 def test_a_waiter_still_wakes_when_the_lease_expires_without_a_release() -> None:

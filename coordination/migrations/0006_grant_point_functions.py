@@ -1,0 +1,43 @@
+"""The grant point's PL/pgSQL functions (PostgreSQL only) and Lock.wake_until."""
+
+from django.db import migrations, models
+
+
+def install_functions(apps, schema_editor):
+    if schema_editor.connection.vendor != "postgresql":
+        return
+    from coordination import pgsql
+
+    quote = schema_editor.quote_name
+    tables = {
+        name: quote(apps.get_model("coordination", model)._meta.db_table)
+        for name, model in (("lock", "Lock"), ("grant", "Grant"), ("ticket", "Ticket"))
+    }
+    with schema_editor.connection.cursor() as cursor:
+        pgsql.install(cursor, **tables)
+
+
+def drop_functions(apps, schema_editor):
+    if schema_editor.connection.vendor != "postgresql":
+        return
+    from coordination import pgsql
+
+    with schema_editor.connection.cursor() as cursor:
+        for statement in pgsql.DROP:
+            cursor.execute(statement)
+
+
+class Migration(migrations.Migration):
+
+    dependencies = [
+        ('coordination', '0005_lock_delay_and_fair_queue'),
+    ]
+
+    operations = [
+        migrations.AddField(
+            model_name='lock',
+            name='wake_until',
+            field=models.DateTimeField(blank=True, editable=False, null=True),
+        ),
+        migrations.RunPython(install_functions, drop_functions, elidable=False),
+    ]
