@@ -10,10 +10,11 @@ Defaults (override any key in your settings)::
         "MAX_WAIT": 3600.0,         # seconds acquire(wait=...) may block
         "POLL_INTERVAL": 0.05,      # first back-off step while waiting, seconds
         "MAX_POLL_INTERVAL": 1.0,   # back-off ceiling while waiting, seconds
-        "PREPARED_STATEMENTS": False,  # PostgreSQL: keep the grant point's statements
-                                    # prepared per connection (about half the server
-                                    # work); leave off behind transaction-pooling
-                                    # proxies that cannot keep prepared statements
+        "PREPARED_STATEMENTS": None,   # PostgreSQL: prepare the grant point's two calls
+                                    # once per connection. None: as the connection
+                                    # does (OPTIONS "prepare_threshold" set); leave
+                                    # off behind transaction-pooling proxies that
+                                    # cannot keep prepared statements
         "WAKE_UPS": True,           # PostgreSQL: waiters woken by LISTEN/NOTIFY on
                                     # release and revoke (SQLite always polls)
         "LOCK_DELAY": 0.0,          # seconds a lock stays ungrantable after a lease
@@ -47,7 +48,7 @@ DEFAULTS: dict[str, Any] = {
     "MAX_WAIT": 3600.0,
     "POLL_INTERVAL": 0.05,
     "MAX_POLL_INTERVAL": 1.0,
-    "PREPARED_STATEMENTS": False,
+    "PREPARED_STATEMENTS": None,
     "WAKE_UPS": True,
     "LOCK_DELAY": 0.0,
     "TICKET_TTL": 10.0,

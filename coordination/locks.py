@@ -28,10 +28,11 @@ import secrets
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple, TypeVar, cast
 
 from django.db import connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import Model
 
 from . import pgsql, signals
 from .conf import app_settings
@@ -62,6 +63,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger("coordination.locks")
+
+_M = TypeVar("_M", bound=Model)
 
 _current_grant: contextvars.ContextVar[Grant | None] = contextvars.ContextVar(
     "coordination_current_grant", default=None
@@ -672,19 +675,20 @@ def _execute(
 ) -> Any:
     """Run one grant-point statement and return its first row (or None).
 
-    With ``COORDINATION["PREPARED_STATEMENTS"]`` the statement is prepared once
-    per connection (the parse and plan of the call itself; the functions' own
-    plans are cached either way), whatever the connection's own
-    ``prepare_threshold``: Django leaves preparation off by default for
-    transaction-pooling proxies that cannot keep prepared statements, so this
-    is opt-in too.
+    Prepared once per connection (saving the parse and plan of the call; the
+    functions' own plans are cached either way) when
+    ``COORDINATION["PREPARED_STATEMENTS"]`` is True, or when it is None (the
+    default) and the connection prepares its own statements (Django's
+    ``OPTIONS["prepare_threshold"]``). Django leaves preparation off by default
+    for transaction-pooling proxies that cannot keep prepared statements.
     """
-    import psycopg
-
-    connection.ensure_connection()
-    raw = connection.connection
-    with connection.wrap_database_errors, psycopg.Cursor(raw) as cursor:
-        if not app_settings.PREPARED_STATEMENTS:
+    with connection.wrap_database_errors:
+        cursor = _cursor(connection)
+        raw = cursor.connection
+        prepare = app_settings.PREPARED_STATEMENTS
+        if prepare is None:
+            prepare = raw.prepare_threshold is not None
+        if not prepare:
             cursor.execute(_sql(template, connection), params, prepare=False)
             return cursor.fetchone()
         threshold, raw.prepare_threshold = raw.prepare_threshold, 0
@@ -693,6 +697,22 @@ def _execute(
         finally:
             raw.prepare_threshold = threshold
         return cursor.fetchone()
+
+
+def _cursor(connection: BaseDatabaseWrapper) -> Any:
+    """A psycopg cursor of the connection's own, kept for the grant point's calls
+    (server-side binding, unlike Django's cursors) until the connection changes."""
+    import psycopg
+
+    raw = connection.connection
+    if raw is None:
+        connection.ensure_connection()
+        raw = connection.connection
+    cursor = getattr(connection, "_coordination_cursor", None)
+    if cursor is None or cursor.connection is not raw:
+        cursor = psycopg.Cursor(raw)
+        connection._coordination_cursor = cursor  # type: ignore[attr-defined]
+    return cursor
 
 
 def _refuse_in_caller_transaction(connection: BaseDatabaseWrapper) -> None:
@@ -728,22 +748,30 @@ def _grant_in_one_statement(
         )
         _refuse_unless_grantable(state, now, ahead)
         raise _Retry()
-    lock = Lock(
-        id=lock_id, key=key, token=token, holder=holder, lease_hash=lease_hash,
-        acquired_at=acquired_at, expires_at=expires_at, lock_delay=delay, delay_until=None,
-    )
-    lock._state.adding, lock._state.db = False, alias
-    grant = Grant(
-        id=grant_id, lock=lock, token=token, holder=holder, lease_hash=lease_hash,
-        acquired_at=acquired_at, expires_at=expires_at, ended_at=None, end_reason="",
-    )
-    grant._state.adding, grant._state.db = False, alias
+    lock = _loaded(Lock, alias, {
+        "id": lock_id, "key": key, "token": token, "holder": holder, "lease_hash": lease_hash,
+        "acquired_at": acquired_at, "expires_at": expires_at, "lock_delay": delay,
+        "delay_until": None, "created_at": None, "wake_until": None,
+    })
+    grant = _loaded(Grant, alias, {
+        "id": grant_id, "lock_id": lock_id, "token": token, "holder": holder,
+        "lease_hash": lease_hash, "acquired_at": acquired_at, "expires_at": expires_at,
+        "ended_at": None, "end_reason": "",
+    })
+    Grant.lock.field.set_cached_value(grant, lock)
     grant.lease_id = lease_id
     grant.taken_over = (  # type: ignore[attr-defined]
         None if prev_expires_at is None
         else _TakenOver(token - 1, prev_holder, prev_acquired_at, prev_expires_at)
     )
     return grant
+
+
+def _loaded(model: type[_M], alias: str, values: dict[str, Any]) -> _M:
+    """An instance of rows the grant point just wrote, as if loaded by a query
+    (positional init is half the cost of keyword init, per call)."""
+    names = [field.attname for field in model._meta.concrete_fields]
+    return model.from_db(alias, names, [values[name] for name in names])
 
 
 class _Retry(Exception):

@@ -85,3 +85,32 @@ def test_release_of_a_lease_taken_over_says_so_and_leaves_the_new_holder_alone()
     assert Lock.objects.get(key="over").holder == "B"
     assert Grant.objects.get(pk=old.pk).end_reason == GrantEnd.EXPIRED
     locks.release(new)
+
+
+def _prepared_calls() -> set[str]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        return {row[0] for row in cursor.fetchall() if "coordination_" in row[0]}
+
+
+@pytest.mark.parametrize(
+    ("setting", "threshold", "prepared"),
+    [(None, None, False), (None, 5, True), (True, None, True), (False, 5, False)],
+)
+def test_the_grant_points_calls_are_prepared_as_configured(
+    settings: object, setting: bool | None, threshold: int | None, prepared: bool
+) -> None:
+    # None follows the connection (Django leaves preparation off unless
+    # OPTIONS["prepare_threshold"] is set); a proxy may not keep them.
+    settings.COORDINATION = {  # type: ignore[attr-defined]
+        **settings.COORDINATION, "PREPARED_STATEMENTS": setting,  # type: ignore[attr-defined]
+    }
+    connection.close()
+    connection.ensure_connection()
+    connection.connection.prepare_threshold = threshold
+    try:
+        locks.release(locks.acquire("prep", holder="A", ttl=30))
+        calls = _prepared_calls()
+    finally:
+        connection.close()
+    assert (len(calls) == 2) is prepared, calls
