@@ -33,6 +33,7 @@ from typing import Any, NamedTuple, TypeVar, cast
 from django.db import connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Model
+from django.db.models.base import ModelState
 
 from . import pgsql, signals
 from .conf import app_settings
@@ -230,8 +231,9 @@ def release(grant: Grant, *, using: str | None = None) -> Grant:
     its work ran past its lease.
     """
     alias = using or app_settings.DATABASE
-    if connections[alias].vendor == "postgresql":
-        reason, ended_at, expired_at = _release_in_one_statement(grant, alias)
+    connection = connections[alias]
+    if connection.vendor == "postgresql":
+        reason, ended_at, expired_at = _release_in_one_statement(grant, connection)
     else:
         reason, ended_at, expired_at = _release_in_transaction(grant, alias)
     grant.ended_at, grant.end_reason = ended_at, reason
@@ -532,10 +534,11 @@ def _grant(
     key: str, holder: str, lease: float, delay: float, ticket: int | None, alias: str,
     *, retry: bool,
 ) -> Grant:
+    connection = connections[alias]
     while True:
         try:
-            if connections[alias].vendor == "postgresql":
-                return _grant_in_one_statement(key, holder, lease, delay, ticket, alias)
+            if connection.vendor == "postgresql":
+                return _grant_in_one_statement(key, holder, lease, delay, ticket, connection)
             return _grant_in_transaction(key, holder, lease, delay, ticket, alias)
         except _Retry:
             if not retry:  # pragma: no cover
@@ -723,9 +726,9 @@ def _refuse_in_caller_transaction(connection: BaseDatabaseWrapper) -> None:
 
 
 def _grant_in_one_statement(
-    key: str, holder: str, lease: float, delay: float, ticket: int | None, alias: str
+    key: str, holder: str, lease: float, delay: float, ticket: int | None,
+    connection: BaseDatabaseWrapper,
 ) -> Grant:
-    connection = connections[alias]
     _refuse_in_caller_transaction(connection)
     lease_id = secrets.token_urlsafe(32)
     lease_hash = hash_lease_id(lease_id)
@@ -748,6 +751,7 @@ def _grant_in_one_statement(
         )
         _refuse_unless_grantable(state, now, ahead)
         raise _Retry()
+    alias = connection.alias
     lock = _loaded(Lock, alias, {
         "id": lock_id, "key": key, "token": token, "holder": holder, "lease_hash": lease_hash,
         "acquired_at": acquired_at, "expires_at": expires_at, "lock_delay": delay,
@@ -758,7 +762,7 @@ def _grant_in_one_statement(
         "lease_hash": lease_hash, "acquired_at": acquired_at, "expires_at": expires_at,
         "ended_at": None, "end_reason": "",
     })
-    Grant.lock.field.set_cached_value(grant, lock)
+    grant._state.fields_cache["lock"] = lock
     grant.lease_id = lease_id
     grant.taken_over = (  # type: ignore[attr-defined]
         None if prev_expires_at is None
@@ -768,10 +772,18 @@ def _grant_in_one_statement(
 
 
 def _loaded(model: type[_M], alias: str, values: dict[str, Any]) -> _M:
-    """An instance of rows the grant point just wrote, as if loaded by a query
-    (positional init is half the cost of keyword init, per call)."""
-    names = [field.attname for field in model._meta.concrete_fields]
-    return model.from_db(alias, names, [values[name] for name in names])
+    """An instance of the row the grant point just wrote, built as unpickling
+    builds one: every field from ``values``, marked as loaded from ``alias``.
+
+    Model.__init__ would cost more than the rest of the client's work per
+    acquire (its per-field loop and the pre_init/post_init signals, which no
+    receiver of this app's models listens to).
+    """
+    instance = model.__new__(model)
+    instance.__dict__.update(values)
+    state = instance._state = ModelState()
+    state.adding, state.db = False, alias
+    return instance
 
 
 class _Retry(Exception):
@@ -779,9 +791,8 @@ class _Retry(Exception):
 
 
 def _release_in_one_statement(
-    grant: Grant, alias: str
+    grant: Grant, connection: BaseDatabaseWrapper
 ) -> tuple[GrantEnd, dt.datetime, dt.datetime | None]:
-    connection = connections[alias]
     _refuse_in_caller_transaction(connection)
     row = _execute(connection, _RELEASE_CALL, (
         grant.key, grant.token, hash_lease_id(grant.lease_id or ""),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+from typing import Any
 from unittest import mock
 
 import pytest
@@ -34,6 +35,22 @@ def test_first_acquire_creates_the_lock_and_issues_token_one() -> None:
     lock = Lock.objects.get(key="account:7")
     assert (lock.token, lock.holder, lock.expires_at) == (1, "worker-a", grant.expires_at)
     assert grant.expires_at - grant.acquired_at == dt.timedelta(seconds=10)
+
+
+def test_the_returned_grant_is_its_stored_row_with_nothing_left_to_load(
+    django_assert_num_queries: Any,
+) -> None:
+    grant = locks.acquire("account:8", holder="worker-a", ttl=10)
+
+    assert (grant._state.adding, grant._state.db) == (False, "default")
+    assert grant.get_deferred_fields() == set() and grant.lock.get_deferred_fields() == set()
+    stored = Grant.objects.select_related("lock").get(pk=grant.pk)
+    with django_assert_num_queries(0):
+        for field in Grant._meta.concrete_fields:
+            assert getattr(grant, field.attname) == getattr(stored, field.attname), field.name
+        for name in ("id", "key", "token", "holder", "lease_hash", "acquired_at", "expires_at",
+                     "lock_delay", "delay_until"):
+            assert getattr(grant.lock, name) == getattr(stored.lock, name), name
 
 
 def test_tokens_strictly_increase_across_grants_of_a_key() -> None:
