@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from decimal import Decimal
+from unittest import mock
 
 import pytest
 from django.db import IntegrityError, connection, transaction
@@ -145,6 +146,31 @@ def test_grant_of_another_key_is_wrong_lock_and_writes_nothing() -> None:
     stored = Account.objects.get(pk=account.pk)
     assert (stored.balance, stored.fence) == (5, 0)
     assert Rejection.objects.filter(reason=RejectionReason.WRONG_LOCK).count() == 2
+
+
+@pytest.mark.parametrize("template", ["owner:{owner}", "owner:{owner}:{pk}", "id:{id}"])
+def test_a_key_binding_other_fields_writes_only_the_rows_it_guards(template: str) -> None:
+    ann, bob = AccountFactory(owner="ann", balance=1), AccountFactory(owner="bob", balance=1)
+    key = template.format(owner="ann", pk=ann.pk, id=ann.pk)
+    grant = locks.acquire(key, holder="a", ttl=5)
+
+    with mock.patch.object(Account, "fence_lock", template):
+        written = Account.objects.all().fenced_update(grant, balance=9)
+        with pytest.raises(WrongLock):
+            Account.objects.filter(pk=bob.pk).fenced_update(grant, balance=9)
+
+    assert written == 1
+    assert (balance(ann), balance(bob)) == (9, 1)
+    assert Account.objects.get(pk=ann.pk).fence == grant.token
+
+
+def test_a_key_whose_value_does_not_fit_the_field_writes_nothing() -> None:
+    account = AccountFactory(balance=5)
+    grant = locks.acquire("account:not-a-number", holder="a", ttl=5)
+
+    with pytest.raises(WrongLock):
+        Account.objects.filter(pk=account.pk).fenced_update(grant, balance=1)
+    assert balance(account) == 5
 
 
 def test_token_of_another_key_is_never_compared() -> None:
