@@ -25,9 +25,10 @@ Every refusal is recorded as a :class:`~coordination.models.Rejection`.
 
 from __future__ import annotations
 
+import copy
 import logging
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from functools import cache
 from typing import Any, ClassVar, NamedTuple, NoReturn, TypeVar, cast, overload
@@ -37,6 +38,7 @@ from django.db import connections, models, transaction
 from django.db.models import Q
 from django.db.models.expressions import Expression
 from django.db.models.sql import InsertQuery
+from django.db.models.sql.where import AND
 
 from . import signals
 from .conf import app_settings
@@ -121,14 +123,20 @@ class FencedQuerySet(models.QuerySet[_Model]):
         token = grant.token
         try:
             columns = _binding_columns(model, tuple(binding))
+            bound: tuple[tuple[str, models.Field[Any, Any], Any], ...]
             if columns is None:
-                admitted = self.filter(_Admits(model, token, write_step), **binding)
+                admitted, bound = self.filter(**binding), ()
             else:
+                admitted = self.all()
                 bound = tuple(
                     (column, field, field.to_python(binding[name]))
                     for name, (column, field) in zip(binding, columns, strict=True)
                 )
-                admitted = self.filter(_Admits(model, token, write_step, bound))
+            # Added to the WHERE as it stands: filter() would wrap it in a lookup.
+            query = admitted.query
+            query.where.add(
+                _Admits(model, token, write_step, bound, query.get_initial_alias()), AND
+            )
         except (ValueError, ValidationError, FieldError):
             admitted = self.none()
         # A refused write changes nothing, and the watermark only rises, so a
@@ -180,18 +188,23 @@ class _Admits(Expression):
 
     def __init__(
         self, model: type[models.Model], token: int, step: int,
-        bound: tuple[tuple[str, models.Field[Any, Any], Any], ...] = (),
+        bound: tuple[tuple[str, models.Field[Any, Any], Any], ...], alias: str | None,
     ) -> None:
         super().__init__()
         self.columns = _fence_columns(model)
         self.params = (token, step)
         self.bound = bound
-        self.alias: str | None = None
+        self.alias = alias
 
-    def resolve_expression(self, query: Any = None, *args: Any, **kwargs: Any) -> _Admits:
-        if query is not None:
-            self.alias = query.get_initial_alias()
+    def resolve_expression(self, *args: Any, **kwargs: Any) -> _Admits:
         return self
+
+    def relabeled_clone(self, change_map: Mapping[str, str]) -> _Admits:
+        # The query's tables renamed (as a subquery of an UPDATE with joins).
+        clone = copy.copy(self)
+        if clone.alias is not None:
+            clone.alias = change_map.get(clone.alias, clone.alias)
+        return clone
 
     def as_sql(self, compiler: Any, connection: Any) -> tuple[str, tuple[Any, ...]]:
         quote = connection.ops.quote_name

@@ -13,6 +13,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import connections
+from django.test import override_settings
 
 from coordination import benchmarks
 from coordination.conf import app_settings
@@ -80,8 +81,9 @@ class Command(BaseCommand):
                 "advisory locks and the row-count runs need PostgreSQL."
             )
         began = time.perf_counter()
-        with benchmarks.bench_database() as alias, benchmarks.bench_settings(
-            alias, RECORD_WRITES=False
+        # As in production: DEBUG would log every query of the ORM paths.
+        with override_settings(DEBUG=False), benchmarks.bench_database() as alias, (
+            benchmarks.bench_settings(alias, RECORD_WRITES=False)
         ):
             if "cycles" in parts:
                 results["cycles"] = benchmarks.cycle_suite(config, vendor, self._progress)
