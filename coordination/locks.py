@@ -1,10 +1,12 @@
 """The grant point: lease locks that issue fencing tokens.
 
 Every grant is one atomic state change of the lock's row. On PostgreSQL it is
-one statement: ``INSERT ... ON CONFLICT (key) DO UPDATE ... WHERE <free>``
+one call of a PL/pgSQL function (:mod:`coordination.pgsql`) in its own
+transaction: an ``INSERT ... ON CONFLICT (key) DO UPDATE ... WHERE <free>``
 locks the row (creating it if missing), reads ``clock_timestamp()`` after the
-lock is held, decides free or held, raises the token counter by one, and its
-CTEs close the expired previous grant and record the new one. On SQLite the
+lock is held, decides free or held and raises the token counter by one; the
+same transaction closes the expired previous grant and records the new one.
+On SQLite the
 same decision is an ORM transaction under BEGIN IMMEDIATE (the database write
 lock): create the row if missing, lock it, read the clock, decide, record.
 Whoever holds the row lock is the only one deciding, so tokens of a key are
@@ -233,7 +235,7 @@ def release(grant: Grant, *, using: str | None = None) -> Grant:
     alias = using or app_settings.DATABASE
     connection = connections[alias]
     if connection.vendor == "postgresql":
-        reason, ended_at, expired_at = _release_in_one_statement(grant, connection)
+        reason, ended_at, expired_at = _release_by_function(grant, connection)
     else:
         reason, ended_at, expired_at = _release_in_transaction(grant, alias)
     grant.ended_at, grant.end_reason = ended_at, reason
@@ -538,7 +540,7 @@ def _grant(
     while True:
         try:
             if connection.vendor == "postgresql":
-                return _grant_in_one_statement(key, holder, lease, delay, ticket, connection)
+                return _grant_by_function(key, holder, lease, delay, ticket, connection)
             return _grant_in_transaction(key, holder, lease, delay, ticket, alias)
         except _Retry:
             if not retry:  # pragma: no cover
@@ -725,7 +727,7 @@ def _refuse_in_caller_transaction(connection: BaseDatabaseWrapper) -> None:
         raise InTransaction()
 
 
-def _grant_in_one_statement(
+def _grant_by_function(
     key: str, holder: str, lease: float, delay: float, ticket: int | None,
     connection: BaseDatabaseWrapper,
 ) -> Grant:
@@ -775,9 +777,9 @@ def _loaded(model: type[_M], alias: str, values: dict[str, Any]) -> _M:
     """An instance of the row the grant point just wrote, built as unpickling
     builds one: every field from ``values``, marked as loaded from ``alias``.
 
-    Model.__init__ would cost more than the rest of the client's work per
-    acquire (its per-field loop and the pre_init/post_init signals, which no
-    receiver of this app's models listens to).
+    Model.__init__ (its per-field loop and the pre_init/post_init signals,
+    which nothing listens to for these models) would be about a third of the
+    grant point's own Python per acquire.
     """
     instance = model.__new__(model)
     instance.__dict__.update(values)
@@ -790,7 +792,7 @@ class _Retry(Exception):
     """The lock changed between the upsert and the look at why it refused."""
 
 
-def _release_in_one_statement(
+def _release_by_function(
     grant: Grant, connection: BaseDatabaseWrapper
 ) -> tuple[GrantEnd, dt.datetime, dt.datetime | None]:
     _refuse_in_caller_transaction(connection)

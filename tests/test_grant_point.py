@@ -1,4 +1,4 @@
-"""The PostgreSQL grant point runs each acquire and release as one statement; these
+"""The PostgreSQL grant point runs each acquire and release as one function call; these
 are the interleavings that only that path has."""
 
 from __future__ import annotations
