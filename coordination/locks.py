@@ -649,15 +649,6 @@ WHERE key = %(key)s
 RETURNING 1
 """
 
-# One row even for a key never granted: its queue may still refuse a first grant.
-_LOCK_STATE_SQL = """
-SELECT l.id, l.token, l.holder, l.lease_hash, l.expires_at, clock_timestamp(), l.lock_delay,
-    l.delay_until,
-    (SELECT count(*) FROM {ticket} AS q
-     WHERE q.lock_key = %(key)s AND q.id < %(ticket)s AND q.expires_at > clock_timestamp())
-FROM (SELECT 1) AS one LEFT JOIN {lock} AS l ON l.key = %(key)s
-"""
-
 
 def _sql(template: str, connection: BaseDatabaseWrapper) -> str:
     key = (template, connection.vendor)
@@ -800,13 +791,11 @@ def _release_by_function(
         grant.key, grant.token, hash_lease_id(grant.lease_id or ""),
         bool(app_settings.WAKE_UPS), WAKE_UP_CHANNEL,
     ))
-    released, now, ended_at, end_reason = row
+    released, now, ended_at, end_reason, lock_id, token, holder, lease_hash, expires_at = row
     if not released:
         # Not the current lease: say precisely why, as the ORM path does.
-        state = _execute(connection, _LOCK_STATE_SQL, {"key": grant.key, "ticket": MAX_TOKEN})
-        if state is None or state[0] is None:
+        if lock_id is None:
             raise LeaseLost(f"lock {grant.key!r} has never been granted")
-        lock_id, token, holder, lease_hash, expires_at, now, *_ = state
         lock = Lock(
             id=lock_id, key=grant.key, token=token, holder=holder,
             lease_hash=lease_hash, expires_at=expires_at,

@@ -4,7 +4,7 @@
 trip, one transaction (the caller's autocommit statement), and the plans of
 the statements inside are cached by the server per connection, with no named
 prepared statement a transaction-pooling proxy could lose. Migration 0006
-installs them; ``CREATE OR REPLACE`` makes installing again harmless.
+installs them (:func:`install`).
 
 Why the acquire is safe: its upsert (``INSERT ... ON CONFLICT (key) DO
 UPDATE ... WHERE <free>``) locks the key's row before it evaluates the WHERE
@@ -101,31 +101,38 @@ $fn$
 # is held. The grant row's expires_at (moved together with the lock's by renew)
 # says whether the lease ran out first. Waiters are notified only if one said
 # it waits (wake_until, on the row version this update locked), so releases
-# nobody waits for do not queue on the server's single NOTIFY lock.
+# nobody waits for do not queue on the server's single NOTIFY lock. Refused:
+# the lock's state, so the caller can say why (lock_id is NULL for a key never
+# granted).
 _RELEASE = """
 CREATE OR REPLACE FUNCTION coordination_release(
     p_key text, p_token bigint, p_hash text, p_notify boolean, p_channel text,
     OUT released boolean, OUT now timestamptz, OUT ended_at timestamptz,
-    OUT end_reason text
+    OUT end_reason text, OUT lock_id bigint, OUT token bigint, OUT holder text,
+    OUT lease_hash text, OUT expires_at timestamptz
 ) LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
-    v_lock_id bigint;
     v_wake_until timestamptz;
 BEGIN
-    UPDATE {lock} SET holder = '', lease_hash = '', acquired_at = NULL, expires_at = NULL,
-        delay_until = CASE WHEN expires_at <= clock_timestamp()
-            THEN expires_at + make_interval(secs => lock_delay) END
-    WHERE key = p_key AND holder <> '' AND token = p_token AND lease_hash = p_hash
-    RETURNING id, clock_timestamp(), wake_until INTO v_lock_id, now, v_wake_until;
+    UPDATE {lock} AS l SET holder = '', lease_hash = '', acquired_at = NULL,
+        expires_at = NULL,
+        delay_until = CASE WHEN l.expires_at <= clock_timestamp()
+            THEN l.expires_at + make_interval(secs => l.lock_delay) END
+    WHERE l.key = p_key AND l.holder <> '' AND l.token = p_token AND l.lease_hash = p_hash
+    RETURNING l.id, clock_timestamp(), l.wake_until INTO lock_id, now, v_wake_until;
     released := FOUND;
     IF NOT released THEN
+        SELECT l.id, l.token, l.holder, l.lease_hash, l.expires_at, clock_timestamp()
+        INTO lock_id, token, holder, lease_hash, expires_at, now
+        FROM (SELECT 1) AS one LEFT JOIN {lock} AS l ON l.key = p_key;
         RETURN;
     END IF;
     UPDATE {grant} AS g SET
         ended_at = LEAST(coordination_release.now, g.expires_at),
         end_reason = CASE WHEN g.expires_at > coordination_release.now
             THEN 'released' ELSE 'expired' END
-    WHERE g.lock_id = v_lock_id AND g.token = p_token AND g.ended_at IS NULL
+    WHERE g.lock_id = coordination_release.lock_id AND g.token = p_token
+        AND g.ended_at IS NULL
     RETURNING g.ended_at, g.end_reason INTO ended_at, end_reason;
     IF p_notify AND v_wake_until > coordination_release.now THEN
         PERFORM pg_notify(p_channel, p_key);
@@ -142,10 +149,21 @@ DROP = (
 )
 
 
-def install(cursor: Any, *, lock: str, grant: str, ticket: str) -> None:
-    """Create (or replace) the functions for these quoted table names."""
-    for template in FUNCTIONS:
-        cursor.execute(template.format(lock=lock, grant=grant, ticket=ticket))
+def install(connection: Any, *, lock: type[Any], grant: type[Any], ticket: type[Any]) -> None:
+    """Create the functions on ``connection`` for these models' tables (the
+    app's own, or a migration's historical ones). They are dropped first, so
+    a later version may change what they return."""
+    quote = connection.ops.quote_name
+    tables = {
+        "lock": quote(lock._meta.db_table),
+        "grant": quote(grant._meta.db_table),
+        "ticket": quote(ticket._meta.db_table),
+    }
+    with connection.cursor() as cursor:
+        for statement in DROP:
+            cursor.execute(statement)
+        for template in FUNCTIONS:
+            cursor.execute(template.format(**tables))
 
 
 def install_for_models(connection: Any) -> None:
@@ -153,11 +171,4 @@ def install_for_models(connection: Any) -> None:
     (for schemas made without migrations, such as the benchmark's)."""
     from .models import Grant, Lock, Ticket
 
-    quote = connection.ops.quote_name
-    with connection.cursor() as cursor:
-        install(
-            cursor,
-            lock=quote(Lock._meta.db_table),
-            grant=quote(Grant._meta.db_table),
-            ticket=quote(Ticket._meta.db_table),
-        )
+    install(connection, lock=Lock, grant=Grant, ticket=Ticket)

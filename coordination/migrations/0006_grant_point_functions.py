@@ -8,13 +8,12 @@ def install_functions(apps, schema_editor):
         return
     from coordination import pgsql
 
-    quote = schema_editor.quote_name
-    tables = {
-        name: quote(apps.get_model("coordination", model)._meta.db_table)
-        for name, model in (("lock", "Lock"), ("grant", "Grant"), ("ticket", "Ticket"))
-    }
-    with schema_editor.connection.cursor() as cursor:
-        pgsql.install(cursor, **tables)
+    pgsql.install(
+        schema_editor.connection,
+        lock=apps.get_model("coordination", "Lock"),
+        grant=apps.get_model("coordination", "Grant"),
+        ticket=apps.get_model("coordination", "Ticket"),
+    )
 
 
 def drop_functions(apps, schema_editor):
