@@ -11,10 +11,11 @@ from __future__ import annotations
 import datetime as dt
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from django.db.models import Count
+from django.db.models import Count, QuerySet
 from django.db.models.functions import TruncMinute
 
 from .conf import app_settings
@@ -325,32 +326,27 @@ def _counts(now: dt.datetime, alias: str) -> Counts:
     )
 
 
-def _per_minute(rows: Iterable[tuple[dt.datetime, int]]) -> dict[dt.datetime, int]:
-    return {minute.astimezone(dt.UTC).replace(second=0, microsecond=0): n for minute, n in rows}
+def _per_minute(rows: QuerySet[Any], moment: str, since: dt.datetime) -> dict[dt.datetime, int]:
+    """How many of ``rows`` have their ``moment`` in each minute from ``since`` (UTC)."""
+    counted = (
+        rows.filter(**{f"{moment}__gte": since})
+        .annotate(minute=TruncMinute(moment, tzinfo=dt.UTC))
+        .order_by()
+        .values_list("minute")
+        .annotate(n=Count("id"))
+        .values_list("minute", "n")
+    )
+    return {
+        minute.astimezone(dt.UTC).replace(second=0, microsecond=0): n for minute, n in counted
+    }
 
 
 def _minute_chart(now: dt.datetime, alias: str) -> MinuteChart:
     last = now.replace(second=0, microsecond=0)
     first = last - dt.timedelta(minutes=MINUTES - 1)
     minutes = [first + dt.timedelta(minutes=i) for i in range(MINUTES)]
-    grants = _per_minute(
-        Grant.objects.using(alias)
-        .filter(acquired_at__gte=first)
-        .annotate(minute=TruncMinute("acquired_at", tzinfo=dt.UTC))
-        .order_by()
-        .values_list("minute")
-        .annotate(n=Count("id"))
-        .values_list("minute", "n")
-    )
-    refused = _per_minute(
-        Rejection.objects.using(alias)
-        .filter(created_at__gte=first)
-        .annotate(minute=TruncMinute("created_at", tzinfo=dt.UTC))
-        .order_by()
-        .values_list("minute")
-        .annotate(n=Count("id"))
-        .values_list("minute", "n")
-    )
+    grants = _per_minute(Grant.objects.using(alias), "acquired_at", first)
+    refused = _per_minute(Rejection.objects.using(alias), "created_at", first)
     top = _nice_ceiling(max([*grants.values(), *refused.values(), 1]))
     left, right = CHART_LEFT, CHART_WIDTH - CHART_RIGHT
     baseline = CHART_HEIGHT - CHART_BOTTOM
