@@ -7,7 +7,7 @@ permission of its own, a confirmation page and an admin log entry:
 - raise a fence to its lock's last token (``coordination.raise_fence``):
   :func:`coordination.fencing.raise_fence_to_lock`, for after a restore.
 
-Lock and fence rows are never deleted (DESIGN rule 8): their counters and
+Lock and fence rows are never deleted (rule 8 of docs/rules.md): their counters and
 watermarks are what keeps old tokens refused. States and times are decided with
 the database clock.
 """

@@ -1,7 +1,7 @@
 """What the admin dashboard shows, computed with the database clock.
 
 Every "now" here is :func:`coordination.locks.database_now`, the clock leases
-are decided with (DESIGN rule 11), so a bar ends where the grant point says the
+are decided with (rule 11 of docs/rules.md), so a bar ends where the grant point says the
 lease ended. The pictures are plain geometry (pixel positions in dataclasses)
 that the template draws as inline SVG: no JavaScript, no CDN.
 """

@@ -2,7 +2,7 @@
 
 A document is a JSON value under a name, guarded by the :class:`~coordination.models.Fence`
 ``document:<name>``. :func:`put_document` checks the grant against that fence and
-writes the document in one transaction (DESIGN rule 10: a downstream that cannot
+writes the document in one transaction (rule 10 of docs/rules.md: a downstream that cannot
 check tokens itself is put behind this proxy). The first write decides which lock
 key guards the document; a grant of another key is refused with ``WrongLock``.
 """

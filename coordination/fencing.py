@@ -2,7 +2,7 @@
 
 A resource keeps a watermark, the highest (token, step) it has accepted, and
 checks a write against it in the same atomic statement or transaction as the
-write itself (DESIGN rule 4):
+write itself (rule 4 of docs/rules.md):
 
 - token below the watermark: refused as stale (``StaleToken``);
 - token above it: accepted, and the watermark rises;
@@ -422,7 +422,7 @@ def _locked_fences(names: list[str], lock_key: str, alias: str) -> list[Fence]:
 def idempotent(key: str, operation: Callable[[], T], *, using: str | None = None) -> T:
     """Run ``operation`` once for ``key``; a retry returns the stored result instead.
 
-    For same-token retries (DESIGN rule 10): the operation and the stored result
+    For same-token retries (rule 10 of docs/rules.md): the operation and the stored result
     commit in one transaction, so either both happen or neither does. A
     concurrent retry waits for the first to finish, then gets its result. The
     result must be JSON-serialisable; a retry gets it back as decoded JSON.
@@ -515,7 +515,7 @@ def raise_fence_to_lock(
 ) -> WatermarkRaise:
     """Raise a fence's watermark to the last token its lock has issued; never lower it.
 
-    For after a restore from backup (DESIGN rule 8): a restored watermark can be
+    For after a restore from backup (rule 8 of docs/rules.md): a restored watermark can be
     older than tokens already issued and used, and writes of those tokens would
     be accepted again. Afterwards every token below the lock's last one is
     refused as stale. The last token itself still writes steps above ``step``

@@ -79,7 +79,7 @@ class DatabaseNow(Now):
 
     PostgreSQL's ``now()`` is frozen at transaction start; ``clock_timestamp()``
     is not, which matters after waiting for a row lock. Lease expiry is always
-    decided with this clock, never with the app server's (DESIGN rule 11).
+    decided with this clock, never with the app server's (rule 11 of docs/rules.md).
     """
 
     def as_postgresql(

@@ -1,7 +1,7 @@
 """Restore guard: tokens and watermarks never go backwards, even after a restore.
 
 A backup is a moment in the past. Restoring one rolls back exactly the two
-things that must never go backwards (DESIGN rule 8):
+things that must never go backwards (rule 8 of docs/rules.md):
 
 - **The lock database** (token counters): the next grants would issue tokens
   that were already issued, and used, after the backup. :func:`bump_tokens`

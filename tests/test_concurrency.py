@@ -1,5 +1,5 @@
 """Whole concurrent histories: threads with their own connections hammer the grant
-point and the fences, then the invariants of DESIGN.md section 2 are checked over
+point and the fences, then the rules of docs/rules.md are checked over
 everything that happened, not one happy path."""
 
 from __future__ import annotations

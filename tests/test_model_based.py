@@ -1,7 +1,7 @@
 """Model-based test: random sequences of lock and fence operations on the real
 database, compared after every step with a small in-memory model of the contract.
 
-The model is DESIGN section 2 written as plain Python: a counter per key, at most
+The model is the contract of docs/rules.md written as plain Python: a counter per key, at most
 one live lease per key, a (token, step) watermark per resource, refusals with
 the reason the contract gives, idempotent operations run once. Hypothesis drives
 acquire, renew, release, revoke, expire (a lease shortened to the minimum TTL,

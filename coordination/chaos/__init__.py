@@ -5,7 +5,7 @@
   through the fences (or, for the negative control, around them).
 - :mod:`~coordination.chaos.faults`: pauses, kills, killed connections and
   restarts of a PostgreSQL server the run manages itself.
-- :mod:`~coordination.chaos.checker`: the invariants of DESIGN section 2, checked
+- :mod:`~coordination.chaos.checker`: the rules of docs/rules.md, checked
   over a whole history; usable on its own (``python -m coordination.chaos.checker
   history.jsonl``).
 - :mod:`~coordination.chaos.run`: the controller behind ``manage.py coordination_chaos``.

@@ -1,4 +1,4 @@
-"""Judge a chaos history against the fencing contract (DESIGN section 2).
+"""Judge a chaos history against the fencing contract (the rules of docs/rules.md).
 
 Works on the history alone (see :mod:`coordination.chaos.history`), so it can be
 run again later, and tested with hand-made histories::
