@@ -43,7 +43,8 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "coordination",
-    "project.demo",
+    "project.demo",  # the demo domain: Account, the deposit task
+    "project.lab",  # coordination_demo, coordination_chaos, coordination_bench
 ]
 
 MIDDLEWARE = [

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from coordination.management.commands.coordination_demo import worker_environment
 from coordination.models import Grant, GrantEnd, Rejection, RejectionReason
 from project.demo.models import Account
+from project.lab.management.commands.coordination_demo import worker_environment
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

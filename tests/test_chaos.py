@@ -23,10 +23,10 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection
 
-from coordination.chaos import checker
-from coordination.chaos.faults import FAULT_KINDS, postgres_bindir
-from coordination.chaos.history import HistoryWriter, merge, read_events
-from coordination.chaos.run import ChaosConfig, ChaosRun
+from project.lab.chaos import checker
+from project.lab.chaos.faults import FAULT_KINDS, postgres_bindir
+from project.lab.chaos.history import HistoryWriter, merge, read_events
+from project.lab.chaos.run import ChaosConfig, ChaosRun
 
 T0 = "2026-01-01T00:00:{:06.3f}+00:00"
 

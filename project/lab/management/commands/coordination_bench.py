@@ -15,8 +15,8 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.db import connections
 from django.test import override_settings
 
-from coordination import benchmarks
 from coordination.conf import app_settings
+from project.lab import benchmarks
 
 
 class Command(BaseCommand):

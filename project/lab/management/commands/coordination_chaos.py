@@ -3,7 +3,7 @@
 Worker processes take locks and write through the fences while the command
 pauses (SIGSTOP), kills (SIGKILL) and disconnects (``pg_terminate_backend``)
 them, and restarts PostgreSQL when it manages its own server. The history is
-then checked (see :mod:`coordination.chaos.checker`); the exit status is 1 on
+then checked (see :mod:`project.lab.chaos.checker`); the exit status is 1 on
 any violation, or when no stale write was attempted (the faults did not bite).
 """
 
@@ -16,8 +16,8 @@ from typing import Any
 from django.apps import apps
 from django.core.management.base import BaseCommand, CommandError
 
-from coordination.chaos.faults import FAULT_KINDS, ManagedServerError
-from coordination.chaos.run import ChaosConfig, ChaosError, ChaosRun
+from project.lab.chaos.faults import FAULT_KINDS, ManagedServerError
+from project.lab.chaos.run import ChaosConfig, ChaosError, ChaosRun
 
 
 class Command(BaseCommand):

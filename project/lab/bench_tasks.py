@@ -1,7 +1,7 @@
 """Tasks of the end-to-end Celery bench (``manage.py coordination_bench --only celery``).
 
 Imported by the bench's own worker only (``celery -A project worker -I
-coordination.bench_tasks``), never by the site: at import it points the worker's
+project.lab.bench_tasks``), never by the site: at import it points the worker's
 ``COORDINATION`` settings at the bench database that the producer describes in
 ``COORDINATION_BENCH_DATABASE`` (the alias's settings as JSON: the bench schema
 on PostgreSQL, the bench file on SQLite), so the worker writes the tables the
@@ -27,8 +27,8 @@ from django.apps import apps
 from django.conf import settings
 from django.db import connections
 
-from .conf import app_settings
-from .contrib.celery import fenced_task
+from coordination.conf import app_settings
+from coordination.contrib.celery import fenced_task
 
 DATABASE_ENV = "COORDINATION_BENCH_DATABASE"
 REPORT_ENV = "COORDINATION_BENCH_REPORT_URL"

@@ -248,7 +248,7 @@ class ChaosRun:
             **os.environ, "PYTHONPATH": os.pathsep.join(_import_roots()),
             "DJANGO_SETTINGS_MODULE": settings.SETTINGS_MODULE,
         }
-        command = [sys.executable, "-m", "coordination.chaos.worker", str(config_path)]
+        command = [sys.executable, "-m", "project.lab.chaos.worker", str(config_path)]
         if self.config.celery:
             from .celery_tasks import CONFIG_ENVIRONMENT
 
@@ -258,7 +258,7 @@ class ChaosRun:
             command = [
                 sys.executable, "-m", "celery", "-A", self.config.celery_app, "worker",
                 "-P", "solo", "--prefetch-multiplier", "1", "-Q", self.queue, "-n", f"{name}@%h",
-                "--include", "coordination.chaos.celery_tasks",
+                "--include", "project.lab.chaos.celery_tasks",
                 "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "WARNING",
             ]
         with open(stderr, "wb") as errors:
@@ -507,10 +507,11 @@ def _app_name(worker: str) -> str:
 
 
 def _import_roots() -> Iterator[str]:
-    """Directories the worker needs on its path: this package's and the settings'."""
+    """Directories the worker needs on its path: the app's, this site's and the settings'."""
     import coordination
 
     yield str(Path(coordination.__file__).resolve().parent.parent)
+    yield str(Path(__file__).resolve().parents[3])  # holds project/, for project.lab.chaos.worker
     spec = importlib.util.find_spec(settings.SETTINGS_MODULE.partition(".")[0])
     if spec is not None and spec.origin:
         yield str(Path(spec.origin).resolve().parent.parent)

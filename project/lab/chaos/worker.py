@@ -1,10 +1,10 @@
 """One chaos worker: a plain process using the Python API with its own connection.
 
-Started by the controller as ``python -m coordination.chaos.worker CONFIG.json``.
+Started by the controller as ``python -m project.lab.chaos.worker CONFIG.json``.
 It loops: acquire one of the keys, do fenced writes to the resources that key
 guards (the demo Account row, a Fence-guarded ledger record, a document of the
 fenced store when it is installed), maybe renew, release. Each operation is
-logged before and after (see :mod:`coordination.chaos.history`).
+logged before and after (see :mod:`project.lab.chaos.history`).
 
 With ``fencing`` off (the negative control) the same writes are plain updates.
 

@@ -1,9 +1,9 @@
 """Judge a chaos history against the fencing contract (the rules of docs/rules.md).
 
-Works on the history alone (see :mod:`coordination.chaos.history`), so it can be
+Works on the history alone (see :mod:`project.lab.chaos.history`), so it can be
 run again later, and tested with hand-made histories::
 
-    python -m coordination.chaos.checker history.jsonl [--json figures.json]
+    python -m project.lab.chaos.checker history.jsonl [--json figures.json]
 
 What it checks:
 

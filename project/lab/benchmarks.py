@@ -34,10 +34,10 @@ from typing import Any
 from django.apps import apps
 from django.db import connections, models, transaction
 
-from . import locks, pgsql
-from .conf import app_settings
-from .exceptions import LockHeld
-from .models import Grant, Lock, Ticket
+from coordination import locks, pgsql
+from coordination.conf import app_settings
+from coordination.exceptions import LockHeld
+from coordination.models import Grant, Lock, Ticket
 
 BENCH_ALIAS = "coordination_bench"
 # One schema per run: runs side by side never drop each other's tables.
@@ -742,7 +742,7 @@ def celery_suite(config: BenchConfig, alias: str, progress: Callable[[str], None
     try:
         import celery  # noqa: F401
 
-        from .contrib import celery as contrib_celery  # noqa: F401
+        from coordination.contrib import celery as contrib_celery  # noqa: F401
     except ImportError:
         return {"skipped": "Celery or coordination.contrib.celery is not available"}
     if fenced_model() is None:
@@ -759,7 +759,7 @@ def celery_worker_suite(
 ) -> dict[str, Any]:
     """Fenced and unfenced tasks through Redis and one real ``celery worker`` (solo pool).
 
-    The tasks are ``coordination.bench_tasks``; the worker writes the bench tables
+    The tasks are ``project.lab.bench_tasks``; the worker writes the bench tables
     (their settings travel in an environment variable). Alternating rounds, each
     variant per round: ``celery_rounds // 20`` tasks one at a time (latency, send
     to completion after the task returned) then a burst of twice as many
@@ -805,7 +805,7 @@ def celery_worker_suite(
     previous = signal.signal(signal.SIGTERM, stop) if main else None
     worker = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "project", "worker", "--pool=solo",
-         "--concurrency=1", "-Q", queue, "-I", "coordination.bench_tasks",
+         "--concurrency=1", "-Q", queue, "-I", "project.lab.bench_tasks",
          "-n", f"bench-{run}@%h", "--without-gossip", "--without-mingle",
          "--without-heartbeat", "--loglevel=WARNING"],
         cwd=str(settings.BASE_DIR), env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -920,7 +920,7 @@ def celery_apply_suite(
     try:
         from celery import shared_task
 
-        from .contrib.celery import fenced_task
+        from coordination.contrib.celery import fenced_task
     except ImportError:
         return {"skipped": "Celery or coordination.contrib.celery is not available"}
     model: Any = fenced_model()
