@@ -826,7 +826,9 @@ def celery_worker_suite(
         deadline = time.monotonic() + timeout
         while len(done) < count:
             left = deadline - time.monotonic()
-            popped = client.blpop([report], timeout=max(1, int(left))) if left > 0 else None
+            # Short waits, looped to the deadline: redis-py's socket timeout (5 s by
+            # default) aborts a longer BLPOP, e.g. while a loaded machine starts the worker.
+            popped = client.blpop([report], timeout=min(2, max(1, int(left)))) if left > 0 else None
             if popped is None:
                 if worker.poll() is not None:
                     raise RuntimeError(f"bench worker exited ({worker.returncode}): {_tail(log.name)}")
