@@ -16,6 +16,7 @@ from coordination import locks, signals
 from coordination.contrib.celery import fenced_task
 from coordination.contrib.execution import FencedExecution, KeepAlive, release_quietly
 from coordination.exceptions import InvalidInput, LeaseLost, LockHeld
+from coordination.leases import Lease
 from coordination.models import Grant, GrantEnd, Lock
 from project.demo.models import Account
 
@@ -174,9 +175,9 @@ def test_keepalive_renews_every_third_of_the_ttl_and_keeps_the_lease() -> None:
 
 def test_keepalive_marks_the_grant_lost_when_a_renewal_fails_and_later_writes_are_refused() -> None:
     account = AccountFactory(balance=Decimal("1.00"))
-    lost: list[Grant] = []
+    lost: list[Lease] = []
 
-    def on_lost(sender: Any, grant: Grant, **kwargs: Any) -> None:
+    def on_lost(sender: Any, grant: Lease, **kwargs: Any) -> None:
         lost.append(grant)
 
     signals.lock_lost.connect(on_lost)
