@@ -30,7 +30,12 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def add_twice(self: Any, account_id: int, amount: str = "1.00") -> dict[str, Any]:
     """Two writes under one execution's token: steps 1 and 2."""
     grant = self.grant
-    seen = {"token": grant.token, "is_current": locks.current_grant() is grant}
+    seen = {
+        "token": grant.token,
+        "is_current": locks.current_grant() is grant,
+        # The lease lives in a context variable, not on Celery's request.
+        "request_untouched": not [name for name in vars(self.request) if "coordination" in name],
+    }
     account = Account.objects.get(pk=account_id)
     Account.objects.filter(pk=account_id).fenced_update(balance=account.balance + Decimal(amount))
     Account.objects.filter(pk=account_id).fenced_update(balance=account.balance + 2 * Decimal(amount))
@@ -75,8 +80,8 @@ def test_each_execution_takes_a_new_grant_exposes_it_and_releases_it() -> None:
     first = add_twice.apply(args=(account.pk,)).get()
     second = add_twice.apply(args=(account.pk,)).get()
 
-    assert first == {"token": 1, "is_current": True}
-    assert second == {"token": 2, "is_current": True}
+    assert first == {"token": 1, "is_current": True, "request_untouched": True}
+    assert second == {"token": 2, "is_current": True, "request_untouched": True}
     grants = Grant.objects.filter(lock__key=f"account:{account.pk}").order_by("token")
     assert [g.end_reason for g in grants] == [GrantEnd.RELEASED, GrantEnd.RELEASED]
     refreshed = Account.objects.get(pk=account.pk)
