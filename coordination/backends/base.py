@@ -279,7 +279,8 @@ class GrantPoint(abc.ABC):
 
     def __init__(self, alias: str) -> None:
         self.alias = alias
-        self._clock: tuple[str, list[Any], DatabaseNow, list[Any]] | None = None
+        self._clock_expression = DatabaseNow()
+        self._clock: tuple[str, list[Any]] | None = None
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name} on {self.alias!r}>"
@@ -334,19 +335,18 @@ class GrantPoint(abc.ABC):
         converts a ``DateTimeField``.
         """
         connection = self.connection
+        expression = self._clock_expression
         if self._clock is None:
-            expression = DatabaseNow()
             sql, params = Query(None).get_compiler(connection=connection).compile(expression)
-            converters = (
-                connection.ops.get_db_converters(expression)
-                + expression.get_db_converters(connection)
-            )
-            self._clock = (f"SELECT {sql}", list(params), expression, converters)
-        sql, params, expression, converters = self._clock
+            self._clock = (f"SELECT {sql}", list(params))
+        sql, params = self._clock
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
             (value,) = cursor.fetchone()
-        for converter in converters:
+        # This thread's connection converts (SQLite returns text).
+        for converter in (
+            connection.ops.get_db_converters(expression) + expression.get_db_converters(connection)
+        ):
             value = converter(value, expression, connection)
         assert isinstance(value, dt.datetime)
         return value.astimezone(dt.UTC)
