@@ -127,3 +127,35 @@ def test_the_grant_point_refuses_a_transaction_opened_by_hand() -> None:
         transaction.set_autocommit(True)
     assert connection.get_autocommit()
     assert not Lock.objects.filter(key="by-hand", token__gt=0).exists()
+
+
+@pytest.mark.postgres
+def test_migrate_goes_on_without_the_functions_where_the_app_may_not_create_them(
+    settings: Any,
+) -> None:
+    from coordination.backends import postgresql
+
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE ROLE coordination_no_functions NOLOGIN")
+        cursor.execute("GRANT USAGE ON SCHEMA public TO coordination_no_functions")
+        cursor.execute("SET LOCAL ROLE coordination_no_functions")
+    try:
+        installed = postgresql.install_if_permitted(connection, lock=Lock, grant=Grant, ticket=Ticket)
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("RESET ROLE")
+    assert installed is False
+    # The transaction goes on (the refused statement was in a savepoint), and the
+    # portable grant point needs no function.
+    settings.COORDINATION = {**(getattr(settings, "COORDINATION", None) or {}), "GRANT_POINT": "orm"}
+    with connection.cursor() as cursor:
+        cursor.execute("GRANT ALL ON ALL TABLES IN SCHEMA public TO coordination_no_functions")
+        cursor.execute("GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO coordination_no_functions")
+        cursor.execute("SET LOCAL ROLE coordination_no_functions")
+    try:
+        lease = locks.acquire("no-functions", holder="A", ttl=5)
+        locks.release(lease)
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("RESET ROLE")
+    assert Grant.objects.of(lease).get().end_reason == "released"
