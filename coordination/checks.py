@@ -10,6 +10,7 @@ from django.apps import AppConfig, apps
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 
+from .backends import GRANT_POINTS
 from .conf import DEFAULTS, app_settings
 
 SUPPORTED_VENDORS = {"postgresql", "sqlite"}
@@ -99,7 +100,7 @@ def check_fenced_models(
 
 @register()
 def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
-    """E003: unknown or inconsistent COORDINATION settings."""
+    """E003: unknown or inconsistent COORDINATION settings; E004: an unknown GRANT_POINT."""
     user = getattr(settings, "COORDINATION", {}) or {}
     unknown = sorted(set(user) - set(DEFAULTS))
     if unknown:
@@ -111,6 +112,16 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
             )
         ]
     values = {**DEFAULTS, **user}
+    if values["GRANT_POINT"] not in GRANT_POINTS:
+        return [
+            Error(
+                f"COORDINATION['GRANT_POINT'] is {values['GRANT_POINT']!r}.",
+                hint="Use None or 'auto' (the database's own grant point: PostgreSQL functions, "
+                "SQLite IMMEDIATE transactions) or 'orm' (the portable select_for_update "
+                "transaction, for a database where the app may not create functions).",
+                id="coordination.E004",
+            )
+        ]
     if not 0 < values["MIN_TTL"] <= values["DEFAULT_TTL"] <= values["MAX_TTL"]:
         return [
             Error(

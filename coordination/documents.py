@@ -14,7 +14,8 @@ from typing import Any
 from . import fencing
 from .conf import app_settings
 from .exceptions import InvalidInput
-from .models import KEY_MAX_LENGTH, DatabaseNow, Document, Grant, validate_key
+from .leases import Lease
+from .models import KEY_MAX_LENGTH, DatabaseNow, Document, validate_key
 
 __all__ = ["NAME_MAX_LENGTH", "document_resource", "get_document", "put_document"]
 
@@ -33,7 +34,7 @@ def document_resource(name: object) -> str:
 
 def put_document(
     name: str,
-    grant: Grant | None,
+    grant: Lease | None,
     data: Any,
     *,
     step: int | None = None,

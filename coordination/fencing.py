@@ -34,13 +34,13 @@ from functools import cache
 from typing import Any, ClassVar, NamedTuple, NoReturn, TypeVar, cast, overload
 
 from django.core.exceptions import FieldDoesNotExist, FieldError, ValidationError
-from django.db import connections, models, transaction
+from django.db import models, transaction
 from django.db.models import Q
 from django.db.models.expressions import Expression
-from django.db.models.sql import InsertQuery
 from django.db.models.sql.where import AND
 
 from . import signals
+from .backends import get_backend
 from .conf import app_settings
 from .exceptions import (
     CoordinationError,
@@ -51,12 +51,12 @@ from .exceptions import (
     StaleToken,
     WrongLock,
 )
+from .leases import Lease
 from .locks import current_grant
 from .models import (
     MAX_TOKEN,
     DatabaseNow,
     Fence,
-    Grant,
     IdempotencyRecord,
     Lock,
     Rejection,
@@ -85,7 +85,7 @@ class FencedQuerySet(models.QuerySet[_Model]):
     """QuerySet of a :class:`FencedModel`, with the fenced conditional update."""
 
     def fenced_update(
-        self, grant: Grant | None = None, /, *, step: int | None = None, **values: Any
+        self, grant: Lease | None = None, /, *, step: int | None = None, **values: Any
     ) -> int:
         """Apply ``values`` to the row guarded by ``grant``'s lock key, if its fence admits it.
 
@@ -281,7 +281,7 @@ class FencedModel(models.Model):
         ]
 
     def fenced_save(
-        self, grant: Grant | None = None, /, *, fields: Sequence[str], step: int | None = None
+        self, grant: Lease | None = None, /, *, fields: Sequence[str], step: int | None = None
     ) -> None:
         """Write ``fields`` of this instance through ``fenced_update`` and keep its fence."""
         grant = _resolve_grant(grant)
@@ -319,14 +319,14 @@ def _template_pattern(template: str) -> re.Pattern[str]:
 
 @overload
 def fence(  # type: ignore[overload-overlap]  # a str is also a Sequence[str]
-    resource: str, grant: Grant | None = None, *, step: int | None = None, using: str | None = None
+    resource: str, grant: Lease | None = None, *, step: int | None = None, using: str | None = None
 ) -> AbstractContextManager[Fence]: ...
 
 
 @overload
 def fence(
     resource: Sequence[str],
-    grant: Grant | None = None,
+    grant: Lease | None = None,
     *,
     step: int | None = None,
     using: str | None = None,
@@ -335,7 +335,7 @@ def fence(
 
 def fence(
     resource: str | Sequence[str],
-    grant: Grant | None = None,
+    grant: Lease | None = None,
     *,
     step: int | None = None,
     using: str | None = None,
@@ -362,7 +362,7 @@ def fence(
 
 @contextmanager
 def _fenced_block(
-    names: list[str], grant: Grant | None, step: int | None, alias: str, single: bool
+    names: list[str], grant: Lease | None, step: int | None, alias: str, single: bool
 ) -> Iterator[Any]:
     grant = _resolve_grant(grant)
     write_step = _resolve_step(grant, step)
@@ -448,7 +448,7 @@ def idempotent(key: str, operation: Callable[[], T], *, using: str | None = None
 def record_rejection(
     *,
     resource: str,
-    grant: Grant,
+    grant: Lease,
     step: int,
     reason: RejectionReason,
     watermark: tuple[int, int] | None = None,
@@ -456,10 +456,12 @@ def record_rejection(
 ) -> Rejection:
     """Record a refused write so that it survives the refused transaction.
 
-    Outside a transaction it commits at once. Inside one on PostgreSQL it is
-    written through a second connection, so the caller's rollback cannot erase it.
-    SQLite allows one writer, and the caller's transaction is it: there the record
-    commits with the caller's transaction.
+    Outside a transaction it commits at once. Inside the caller's transaction
+    (the same check as the grant point's) it is written through a second
+    connection, so the caller's rollback cannot erase it; SQLite allows one
+    writer, and the caller's transaction is it: there the record commits with
+    the caller's transaction (the backend decides, see
+    :meth:`~coordination.backends.base.GrantPoint.save_surviving_rollback`).
     """
     alias = using or app_settings.DATABASE
     rejection = Rejection(
@@ -472,11 +474,7 @@ def record_rejection(
         reason=reason,
         holder=grant.holder,
     )
-    connection = connections[alias]
-    if connection.vendor == "postgresql" and _in_caller_transaction(connection):
-        _insert_on_own_connection(rejection, alias)
-    else:
-        rejection.save(using=alias)
+    get_backend(alias).save_surviving_rollback(rejection)
     # key=value for log search; the same fields under record.coordination for
     # JSON formatters (one attribute, so no clash with LogRecord's own names).
     logger.warning(
@@ -566,7 +564,7 @@ def _refuse(
     error: CoordinationError,
     *,
     resource: str,
-    grant: Grant,
+    grant: Lease,
     step: int,
     reason: RejectionReason,
     watermark: tuple[int, int] | None = None,
@@ -578,7 +576,7 @@ def _refuse(
     raise error
 
 
-def _resolve_grant(grant: Grant | None) -> Grant:
+def _resolve_grant(grant: Lease | None) -> Lease:
     grant = grant if grant is not None else current_grant()
     if grant is None:
         raise NoGrant()
@@ -588,33 +586,9 @@ def _resolve_grant(grant: Grant | None) -> Grant:
     return grant
 
 
-def _resolve_step(grant: Grant, step: int | None) -> int:
+def _resolve_step(grant: Lease, step: int | None) -> int:
     if step is None:
         return grant.next_step()
     if isinstance(step, bool) or not isinstance(step, int) or not 0 < step <= MAX_TOKEN:
         raise InvalidInput(f"step must be an integer from 1 to {MAX_TOKEN}")
     return step
-
-
-def _in_caller_transaction(connection: Any) -> bool:
-    # The atomic blocks a TestCase opens around each test are not the caller's
-    # transaction: a record made there must stay inside the test's rollback.
-    return any(not getattr(block, "_from_testcase", False) for block in connection.atomic_blocks)
-
-
-def _insert_on_own_connection(record: models.Model, alias: str) -> None:
-    """Insert ``record`` through a short-lived second connection, in autocommit.
-
-    Refusals are rare, so a connection per record costs little and leaves no
-    idle connection behind in worker threads.
-    """
-    own = connections.create_connection(alias)
-    try:
-        fields = [f for f in record._meta.concrete_fields if not f.primary_key]
-        query = InsertQuery(type(record))
-        query.insert_values(fields, [record])
-        with own.cursor() as cursor:
-            for sql, params in query.get_compiler(connection=own).as_sql():
-                cursor.execute(sql, params)
-    finally:
-        own.close()

@@ -11,13 +11,14 @@ from __future__ import annotations
 from typing import Any
 
 from .conf import app_settings
-from .models import AcceptedWrite, Grant
+from .leases import Lease
+from .models import AcceptedWrite
 
 __all__ = ["record_accepted_write"]
 
 
 def record_accepted_write(
-    sender: object, *, resource: str, grant: Grant, step: int, **kwargs: Any
+    sender: object, *, resource: str, grant: Lease, step: int, **kwargs: Any
 ) -> None:
     """``write_accepted`` receiver: store the write when RECORD_WRITES is on."""
     if not app_settings.RECORD_WRITES:

@@ -13,7 +13,7 @@ import datetime as dt
 import hashlib
 import hmac
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ValidationError
 from django.db import models
@@ -22,6 +22,9 @@ from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
 from .exceptions import InvalidInput
+
+if TYPE_CHECKING:
+    from .leases import Lease
 
 KEY_MAX_LENGTH = 200
 HOLDER_MAX_LENGTH = 200
@@ -207,13 +210,17 @@ class GrantQuerySet(models.QuerySet["Grant"]):
     def ended(self) -> GrantQuerySet:
         return self.filter(ended_at__isnull=False)
 
+    def of(self, lease: Lease) -> GrantQuerySet:
+        """The row recording ``lease`` (its key and token)."""
+        return self.filter(lock__key=lease.key, token=lease.token)
+
 
 class Grant(models.Model):
     """One successful acquire: the audit history of a lock.
 
-    An instance returned by :func:`coordination.locks.acquire` also carries
-    ``lease_id``, the secret that proves it to ``renew`` and ``release``; the
-    database keeps only its hash.
+    The holder keeps a :class:`~coordination.leases.Lease` (what
+    :func:`coordination.locks.acquire` returns, with the secret ``lease_id``);
+    this row records the same grant, with only the secret's hash.
     """
 
     # No index of its own: the unique (lock, token) constraint's index starts
@@ -232,11 +239,6 @@ class Grant(models.Model):
     )
 
     objects = GrantQuerySet.as_manager()
-
-    # Not stored: set on the instance acquire() returns, and on grants a task
-    # or the REST layer rebuilds from a lease proof.
-    lease_id: str = ""
-    lost: bool = False
 
     class Meta:
         ordering = ["-acquired_at", "-token"]
@@ -257,19 +259,6 @@ class Grant(models.Model):
     @property
     def key(self) -> str:
         return self.lock.key
-
-    def next_step(self) -> int:
-        """Number the next fenced write made under this grant: 1, 2, 3...
-
-        Steps only need to increase within one token, so one counter serves every
-        resource the holder writes to.
-        """
-        self._steps = getattr(self, "_steps", 0) + 1
-        return self._steps
-
-    def mark_lost(self) -> None:
-        """Make later fenced writes with this grant fail with LeaseLost before applying."""
-        self.lost = True
 
 
 class Fence(models.Model):

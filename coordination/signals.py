@@ -1,14 +1,23 @@
 """Signals sent by the grant point and the fences, after the change committed.
 
-- ``lock_acquired(sender=Grant, grant=...)``
-- ``lock_released(sender=Grant, grant=..., reason=GrantEnd)`` (released or revoked)
-- ``lock_lost(sender=Grant, grant=..., error=...)`` (renew found the lease gone)
-- ``write_accepted(sender=Fence, resource=..., grant=..., step=...)`` (a fenced write
+``grant=`` is the holder's :class:`~coordination.leases.Lease` (``.key .token
+.holder .acquired_at .expires_at``, and ``.ended_at``/``.end_reason`` once
+released), except for a revocation, whose ``grant=`` is the revoked
+:class:`~coordination.models.Grant` row (the operator holds no lease). Both have
+``key``, ``token``, ``holder``, ``acquired_at``, ``expires_at`` and ``ended_at``.
+The grant point's signals keep ``sender=Grant``.
+
+- ``lock_acquired(sender=Grant, grant=lease)``
+- ``lock_released(sender=Grant, grant=lease or Grant row, reason=GrantEnd)`` (released
+  by its holder: the lease; revoked: the Grant row)
+- ``lock_lost(sender=Grant, grant=lease, error=...)`` (renew, or a fenced task's
+  keep-alive, found the lease gone)
+- ``write_accepted(sender=Fence, resource=..., grant=lease, step=...)`` (a fenced write
   applied; sent after the statement, inside the caller's transaction if any)
 - ``write_rejected(sender=Rejection, rejection=...)``
 - ``task_skipped(sender=task class, task=..., key=..., reason=..., error=...)`` (a fenced
   task did not run its body: ``reason`` is ``"lock_held"`` or ``"superseded"``)
-- ``lock_renewed(sender=Grant, grant=...)`` (renew moved ``grant.expires_at``)
+- ``lock_renewed(sender=Grant, grant=lease)`` (renew moved ``grant.expires_at``)
 - ``lock_expired(sender=Grant, key=..., token=..., holder=..., acquired_at=..., expired_at=...)``
   (a lease ran out and was recorded as expired: by a late release, or by the next
   acquire taking the lock over)

@@ -26,7 +26,7 @@ from celery.signals import task_retry
 from coordination import locks, signals
 from coordination.contrib.celery import fenced_task
 from coordination.exceptions import CoordinationError
-from coordination.models import Grant
+from coordination.leases import Lease
 from project.demo.models import Account
 
 _reports: dict[tuple[str, int], str] = {}
@@ -156,7 +156,7 @@ def _report_for(key: str, token: int) -> str | None:
         return _reports.get((key, token))
 
 
-def _on_lock_lost(sender: Any, grant: Grant, error: Exception, **kwargs: Any) -> None:
+def _on_lock_lost(sender: Any, grant: Lease, error: Exception, **kwargs: Any) -> None:
     path = _report_for(grant.key, grant.token)
     if path:
         record(path, "lease_lost", token=grant.token, error=type(error).__name__)

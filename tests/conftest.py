@@ -13,6 +13,7 @@ import pytest
 from django.db import connection, connections
 
 from coordination import locks
+from coordination.backends import get_backend
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -29,6 +30,33 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture
 def vendor() -> str:
     return connection.vendor
+
+
+def grant_points() -> list[tuple[str | None, str]]:
+    """The grant-point backends of this run's database: (GRANT_POINT value, test id)."""
+    if connection.vendor == "postgresql":
+        return [(None, "functions"), ("orm", "orm")]
+    return [(None, connection.vendor)]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    # Tests that ask for ``grant_point`` (or use it through usefixtures) run once
+    # per backend the database has.
+    if "grant_point" in metafunc.fixturenames:
+        points = grant_points()
+        metafunc.parametrize(
+            "grant_point", [value for value, _ in points], ids=[name for _, name in points],
+            indirect=True,
+        )
+
+
+@pytest.fixture
+def grant_point(request: pytest.FixtureRequest, settings: Any) -> str:
+    """COORDINATION["GRANT_POINT"] set to this run's value; the backend's name."""
+    settings.COORDINATION = {
+        **(getattr(settings, "COORDINATION", None) or {}), "GRANT_POINT": request.param,
+    }
+    return get_backend().name
 
 
 def wait_until_database_time_passes(moment: dt.datetime, margin: float = 0.05) -> None:

@@ -16,6 +16,7 @@ from coordination import locks, signals
 from coordination.contrib.celery import fenced_task
 from coordination.contrib.execution import FencedExecution, KeepAlive, release_quietly
 from coordination.exceptions import InvalidInput, LeaseLost, LockHeld
+from coordination.leases import Lease
 from coordination.models import Grant, GrantEnd, Lock
 from project.demo.models import Account
 
@@ -29,7 +30,12 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def add_twice(self: Any, account_id: int, amount: str = "1.00") -> dict[str, Any]:
     """Two writes under one execution's token: steps 1 and 2."""
     grant = self.grant
-    seen = {"token": grant.token, "is_current": locks.current_grant() is grant}
+    seen = {
+        "token": grant.token,
+        "is_current": locks.current_grant() is grant,
+        # The lease lives in a context variable, not on Celery's request.
+        "request_untouched": not [name for name in vars(self.request) if "coordination" in name],
+    }
     account = Account.objects.get(pk=account_id)
     Account.objects.filter(pk=account_id).fenced_update(balance=account.balance + Decimal(amount))
     Account.objects.filter(pk=account_id).fenced_update(balance=account.balance + 2 * Decimal(amount))
@@ -74,8 +80,8 @@ def test_each_execution_takes_a_new_grant_exposes_it_and_releases_it() -> None:
     first = add_twice.apply(args=(account.pk,)).get()
     second = add_twice.apply(args=(account.pk,)).get()
 
-    assert first == {"token": 1, "is_current": True}
-    assert second == {"token": 2, "is_current": True}
+    assert first == {"token": 1, "is_current": True, "request_untouched": True}
+    assert second == {"token": 2, "is_current": True, "request_untouched": True}
     grants = Grant.objects.filter(lock__key=f"account:{account.pk}").order_by("token")
     assert [g.end_reason for g in grants] == [GrantEnd.RELEASED, GrantEnd.RELEASED]
     refreshed = Account.objects.get(pk=account.pk)
@@ -174,9 +180,9 @@ def test_keepalive_renews_every_third_of_the_ttl_and_keeps_the_lease() -> None:
 
 def test_keepalive_marks_the_grant_lost_when_a_renewal_fails_and_later_writes_are_refused() -> None:
     account = AccountFactory(balance=Decimal("1.00"))
-    lost: list[Grant] = []
+    lost: list[Lease] = []
 
-    def on_lost(sender: Any, grant: Grant, **kwargs: Any) -> None:
+    def on_lost(sender: Any, grant: Lease, **kwargs: Any) -> None:
         lost.append(grant)
 
     signals.lock_lost.connect(on_lost)

@@ -41,6 +41,7 @@ def assert_grant_history_is_sound(key: str, expected_grants: int) -> None:
         assert later.acquired_at >= end, f"grants {earlier.token} and {later.token} overlap"
 
 
+@pytest.mark.usefixtures("grant_point")
 def test_sixteen_threads_on_one_key_get_unique_increasing_tokens_and_never_overlap() -> None:
     key = "hot"
     rounds = 5
@@ -72,6 +73,7 @@ def test_sixteen_threads_on_one_key_get_unique_increasing_tokens_and_never_overl
     assert_grant_history_is_sound(key, THREADS * rounds)
 
 
+@pytest.mark.usefixtures("grant_point")
 def test_sixteen_threads_on_many_keys_keep_per_key_counters_exact() -> None:
     keys = [f"k{n}" for n in range(6)]
     rounds = 8
@@ -103,6 +105,7 @@ def test_sixteen_threads_on_many_keys_keep_per_key_counters_exact() -> None:
         assert_grant_history_is_sound(key, len(tokens))
 
 
+@pytest.mark.usefixtures("grant_point")
 def test_racing_first_acquires_of_a_new_key_create_one_row_and_one_grant() -> None:
     def worker(index: int) -> int | None:
         try:
@@ -117,7 +120,7 @@ def test_racing_first_acquires_of_a_new_key_create_one_row_and_one_grant() -> No
     assert Grant.objects.count() == 1
 
 
-def issue_tokens(key: str, count: int) -> list[locks.Grant]:
+def issue_tokens(key: str, count: int) -> list[locks.Lease]:
     grants = []
     for n in range(count):
         grant = locks.acquire(key, holder=f"w{n}", ttl=30)

@@ -30,7 +30,7 @@ def balance(account: Account) -> Decimal:
     return Account.objects.get(pk=account.pk).balance
 
 
-def take_over(key: str, old: locks.Grant | None = None) -> locks.Grant:
+def take_over(key: str, old: locks.Lease | None = None) -> locks.Lease:
     """The seed's t2..t3: the old lease expires (database clock), a new holder acquires."""
     if old is not None:
         wait_until_database_time_passes(old.expires_at)

@@ -1,5 +1,6 @@
-"""The PostgreSQL grant point runs each acquire and release as one function call; these
-are the interleavings that only that path has."""
+"""Interleavings on PostgreSQL's row locks that a grant point must survive: the function
+path (one call per acquire and release) and the ORM transaction alike; and the function
+path's prepared calls."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import pytest
 from django.db import connection, connections
 
 from coordination import locks
+from coordination.backends import get_backend
 from coordination.exceptions import LeaseLost
+from coordination.leases import Lease
 from coordination.models import Grant, GrantEnd, Lock
 
 from .conftest import wait_until_database_time_passes
@@ -19,6 +22,7 @@ from .test_concurrency import wait_until_blocked_on_a_row_lock
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
 
 
+@pytest.mark.usefixtures("grant_point")
 def test_grant_issued_and_expired_while_waiting_for_the_row_lock_is_closed_as_expired() -> None:
     # The acquire's snapshot predates its wait for the row lock; a grant that was
     # issued and ran out meanwhile is invisible to it, yet must end up closed.
@@ -68,13 +72,14 @@ def test_grant_issued_and_expired_while_waiting_for_the_row_lock_is_closed_as_ex
         blocker.close()
 
     granted = outcome[0]
-    assert isinstance(granted, Grant), granted
+    assert isinstance(granted, Lease), granted
     assert granted.token == 3
     expired = Grant.objects.get(lock=lock, token=2)
     assert (expired.end_reason, expired.ended_at) == (GrantEnd.EXPIRED, expired.expires_at)
     assert not Grant.objects.filter(lock=lock, ended_at=None).exclude(token=3).exists()
 
 
+@pytest.mark.usefixtures("grant_point")
 def test_release_of_a_lease_taken_over_says_so_and_leaves_the_new_holder_alone() -> None:
     old = locks.acquire("over", holder="A", ttl=0.1)
     wait_until_database_time_passes(old.expires_at)
@@ -83,7 +88,7 @@ def test_release_of_a_lease_taken_over_says_so_and_leaves_the_new_holder_alone()
     with pytest.raises(LeaseLost, match="taken over"):
         locks.release(old)
     assert Lock.objects.get(key="over").holder == "B"
-    assert Grant.objects.get(pk=old.pk).end_reason == GrantEnd.EXPIRED
+    assert Grant.objects.of(old).get().end_reason == GrantEnd.EXPIRED
     locks.release(new)
 
 
@@ -108,6 +113,7 @@ def test_the_grant_points_calls_are_prepared_as_configured(
     connection.close()
     connection.ensure_connection()
     connection.connection.prepare_threshold = threshold
+    assert get_backend().name == "postgresql"  # the default: functions
     try:
         locks.release(locks.acquire("prep", holder="A", ttl=30))
         calls = _prepared_calls()

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import math
-from typing import Any
+import pickle
 from unittest import mock
 
 import pytest
@@ -20,12 +21,13 @@ from coordination.exceptions import (
     LockHeld,
     TokenExhausted,
 )
+from coordination.locks import Lease
 from coordination.models import MAX_TOKEN, Grant, GrantEnd, Lock, LockState, hash_lease_id
 
 from .conftest import wait_until_database_time_passes
 from .factories import LockFactory
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("grant_point")]
 
 
 def test_first_acquire_creates_the_lock_and_issues_token_one() -> None:
@@ -37,20 +39,30 @@ def test_first_acquire_creates_the_lock_and_issues_token_one() -> None:
     assert grant.expires_at - grant.acquired_at == dt.timedelta(seconds=10)
 
 
-def test_the_returned_grant_is_its_stored_row_with_nothing_left_to_load(
-    django_assert_num_queries: Any,
-) -> None:
-    grant = locks.acquire("account:8", holder="worker-a", ttl=10)
+def test_the_returned_lease_is_a_handle_matching_its_grant_row() -> None:
+    lease = locks.acquire("account:8", holder="worker-a", ttl=10)
 
-    assert (grant._state.adding, grant._state.db) == (False, "default")
-    assert grant.get_deferred_fields() == set() and grant.lock.get_deferred_fields() == set()
-    stored = Grant.objects.select_related("lock").get(pk=grant.pk)
-    with django_assert_num_queries(0):
-        for field in Grant._meta.concrete_fields:
-            assert getattr(grant, field.attname) == getattr(stored, field.attname), field.name
-        for name in ("id", "key", "token", "holder", "lease_hash", "acquired_at", "expires_at",
-                     "lock_delay", "delay_until"):
-            assert getattr(grant.lock, name) == getattr(stored.lock, name), name
+    assert isinstance(lease, Lease)
+    stored = Grant.objects.of(lease).select_related("lock").get()
+    assert (stored.key, stored.token, stored.holder, stored.acquired_at, stored.expires_at) == (
+        lease.key, lease.token, lease.holder, lease.acquired_at, lease.expires_at,
+    )
+    assert (stored.ended_at, stored.end_reason) == (None, "")
+    assert (lease.ended_at, lease.end_reason, lease.lost) == (None, "", False)
+    assert not hasattr(stored, "lease_id")  # the row keeps only the hash
+
+
+def test_a_lease_pickles_and_its_repr_never_shows_the_secret() -> None:
+    lease = locks.acquire("account:9", holder="worker-a", ttl=10)
+    lease.next_step()
+
+    assert lease.lease_id not in repr(lease) and "lease_id" not in repr(lease)
+    copy = pickle.loads(pickle.dumps(lease))
+    assert (copy.key, copy.token, copy.lease_id, copy.holder, copy.expires_at, copy.steps) == (
+        lease.key, lease.token, lease.lease_id, lease.holder, lease.expires_at, 1,
+    )
+    locks.release(copy)  # the copy proves the grant as well as the original
+    assert Grant.objects.of(lease).get().end_reason == GrantEnd.RELEASED
 
 
 def test_tokens_strictly_increase_across_grants_of_a_key() -> None:
@@ -89,7 +101,7 @@ def test_lease_id_is_a_secret_only_its_hash_is_stored() -> None:
     grant = locks.acquire("k", holder="a", ttl=5)
 
     assert len(grant.lease_id) >= 32
-    stored = Grant.objects.get(pk=grant.pk)
+    stored = Grant.objects.of(grant).get()
     assert stored.lease_hash == hash_lease_id(grant.lease_id) != grant.lease_id
     assert Lock.objects.get(key="k").lease_hash == stored.lease_hash
 
@@ -101,7 +113,7 @@ def test_expired_lease_frees_the_lock_and_records_the_old_grant_as_expired() -> 
     b = locks.acquire("account:1", holder="B", ttl=5)
 
     assert b.token == a.token + 1
-    old = Grant.objects.get(pk=a.pk)
+    old = Grant.objects.of(a).get()
     assert (old.end_reason, old.ended_at) == (GrantEnd.EXPIRED, a.expires_at)
     assert b.acquired_at >= a.expires_at
 
@@ -141,13 +153,12 @@ def test_renew_extends_the_lease_from_database_now() -> None:
 
     assert grant.expires_at > before + dt.timedelta(seconds=28)
     assert Lock.objects.get(key="r").expires_at == grant.expires_at
-    assert Grant.objects.get(pk=grant.pk).expires_at == grant.expires_at
+    assert Grant.objects.of(grant).get().expires_at == grant.expires_at
 
 
 def test_renew_by_a_non_holder_is_lease_lost() -> None:
     grant = locks.acquire("r", holder="a", ttl=30)
-    forged = Grant.objects.select_related("lock").get(pk=grant.pk)
-    forged.lease_id = "not-the-secret"
+    forged = dataclasses.replace(grant, lease_id="not-the-secret")
 
     with pytest.raises(LeaseLost, match="lease_id does not match"):
         locks.renew(forged, ttl=30)
@@ -189,7 +200,7 @@ def test_release_frees_the_lock_and_ends_the_grant() -> None:
     assert ended.end_reason == GrantEnd.RELEASED
     lock = Lock.objects.get(key="rel")
     assert (lock.holder, lock.lease_hash, lock.expires_at, lock.token) == ("", "", None, 1)
-    assert Grant.objects.get(pk=grant.pk).end_reason == GrantEnd.RELEASED
+    assert Grant.objects.of(grant).get().end_reason == GrantEnd.RELEASED
     assert locks.acquire("rel", holder="b", ttl=5).token == 2
 
 
@@ -209,7 +220,7 @@ def test_release_after_expiry_frees_the_lock_but_reports_lease_lost() -> None:
         locks.release(grant)
 
     assert Lock.objects.get(key="rel").holder == ""
-    assert Grant.objects.get(pk=grant.pk).end_reason == GrantEnd.EXPIRED
+    assert Grant.objects.of(grant).get().end_reason == GrantEnd.EXPIRED
 
 
 def test_revoke_ends_the_lease_and_the_next_grant_gets_a_higher_token() -> None:
@@ -312,7 +323,7 @@ def test_database_refuses_negative_counters_and_repeated_grant_tokens() -> None:
     grant = locks.acquire("dup", holder="a", ttl=5)
     with pytest.raises(IntegrityError), transaction.atomic():
         Grant.objects.create(
-            lock=grant.lock, token=grant.token, holder="b", lease_hash="x",
+            lock=Lock.objects.get(key="dup"), token=grant.token, holder="b", lease_hash="x",
             acquired_at=grant.acquired_at, expires_at=grant.expires_at,
         )
 

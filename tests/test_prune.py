@@ -14,6 +14,7 @@ from django.core.management.base import CommandError
 
 from coordination import locks, pruning
 from coordination.exceptions import InvalidInput
+from coordination.leases import Lease
 from coordination.models import (
     AcceptedWrite,
     Fence,
@@ -43,7 +44,7 @@ def age(rows: object, field: str, by: dt.timedelta = LONG_AGO) -> None:
     rows.update(**{field: then})  # type: ignore[attr-defined]
 
 
-def ended_grants(key: str, count: int) -> list[Grant]:
+def ended_grants(key: str, count: int) -> list[Lease]:
     grants = []
     for _ in range(count):
         grant = locks.acquire(key, holder="w", ttl=30)

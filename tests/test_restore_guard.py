@@ -215,7 +215,7 @@ def test_row_key_refuses_values_no_grant_can_match() -> None:
 
 def test_a_lock_acquired_after_the_listing_is_still_revoked_and_bumped() -> None:
     LockFactory(key="job:1", token=5)
-    raced: list[locks.Grant] = []
+    raced: list[locks.Lease] = []
 
     def acquire_meanwhile(line: str) -> None:
         if not raced:  # between the listing and the batch's row locks

@@ -12,12 +12,13 @@ import pytest
 from django.db import connections
 
 from coordination import locks
+from coordination.backends import get_backend
 from coordination.exceptions import LeaseLost, LockHeld
 from coordination.models import Grant, GrantEnd, Lock, Ticket
 
 from .conftest import run_in_threads, wait_until_database_time_passes
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("grant_point")]
 
 
 @pytest.fixture
@@ -89,11 +90,11 @@ def test_revoke_wakes_a_waiter() -> None:
 def test_only_releases_someone_waits_for_notify() -> None:
     # NOTIFY takes a server-wide lock until commit: a release nobody waits for
     # must not pay it. A waiter says so on the lock row before it sleeps.
-    listening = locks._listen("default")
+    listening = get_backend().listen()
     assert listening is not None
 
     def notified(key: str) -> bool:
-        return any(n.payload == key for n in listening.notifies(timeout=0.3, stop_after=1))
+        return listening.wait(key, 0.3)
 
     try:
         quiet = locks.acquire("quiet", holder="A", ttl=30)
@@ -210,7 +211,7 @@ def test_lock_delay_keeps_an_expired_lock_ungrantable_for_a_while() -> None:
     wait_until_database_time_passes(held.expires_at + dt.timedelta(seconds=0.6))
     grant = locks.acquire("delay", holder="B", ttl=30)
     assert grant.token == held.token + 1
-    assert Grant.objects.get(pk=held.pk).end_reason == GrantEnd.EXPIRED
+    assert Grant.objects.of(held).get().end_reason == GrantEnd.EXPIRED
 
 
 def test_lock_delay_applies_after_a_revoke_and_a_late_release_but_not_a_clean_release() -> None:

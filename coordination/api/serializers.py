@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
+from django.db.models import QuerySet
 from rest_framework import serializers
 
 from ..conf import app_settings
 from ..documents import NAME_MAX_LENGTH
 from ..exceptions import InvalidInput
+from ..leases import Lease
 from ..models import (
     HOLDER_MAX_LENGTH,
     KEY_MAX_LENGTH,
@@ -272,11 +274,20 @@ class RejectionFilter(serializers.Serializer[Any]):
 
 
 class GrantSerializer(serializers.ModelSerializer[Grant]):
-    key = serializers.CharField(source="lock.key")
+    """A grant: a Grant row of the history, or the Lease renew and release return
+    (both have these attributes; ``Grant.key`` is its lock's key)."""
+
+    key = serializers.CharField()
 
     class Meta:
         model = Grant
         fields = ["key", "token", "holder", "acquired_at", "expires_at", "ended_at", "end_reason"]
+
+    def __init__(
+        self, instance: Grant | Lease | QuerySet[Grant] | None = None, **kwargs: Any
+    ) -> None:
+        # A Lease has every field read here: it serializes as its Grant row would.
+        super().__init__(cast(Any, instance), **kwargs)
 
 
 class AcquiredGrantSerializer(GrantSerializer):

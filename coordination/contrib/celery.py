@@ -18,26 +18,27 @@ refuses it. See ``docs/celery.md`` for the options and what fencing does not do.
 from __future__ import annotations
 
 import logging
-import random
 from collections.abc import Callable
-from typing import Any, TypeVar, cast, get_args, overload
+from typing import Any, TypeVar, overload
 
 from celery import Task, shared_task
 from celery._state import _task_stack  # type: ignore[attr-defined]
 
 from .. import locks, signals
 from ..conf import app_settings
-from ..exceptions import InvalidInput, LockHeld
-from ..models import Grant, Lock
+from ..exceptions import InvalidInput
+from ..leases import Lease
+from ..models import Lock
 from .execution import (
-    KeepAlive,
+    FencedExecution,
     LockSpec,
     OnBusy,
     Skipped,
+    current_execution,
     holder_name,
     lock_key_for,
-    release_quietly,
     skipped,
+    validate_on_busy,
 )
 
 __all__ = ["ENQUEUE_TOKEN_HEADER", "FencedTask", "Skipped", "fenced_task", "supersede_key"]
@@ -72,9 +73,10 @@ class FencedTask(Task):  # type: ignore[type-arg]  # the body's signature is not
     fenced_supersede: bool = False
 
     @property
-    def grant(self) -> Grant | None:
-        """The grant of the execution running now, or None outside it."""
-        return cast(Grant | None, getattr(self.request, "coordination_grant", None))
+    def grant(self) -> Lease | None:
+        """The lease of this task's execution running now, or None outside it."""
+        execution = current_execution()
+        return execution.grant if execution is not None and execution.task is self else None
 
     def lock_key(self, args: Any = (), kwargs: Any = None) -> str:
         """The lock key of a call with ``args`` and ``kwargs``."""
@@ -124,28 +126,22 @@ class FencedTask(Task):  # type: ignore[type-arg]  # the body's signature is not
     def _run_fenced(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         request = self.request
         key = self.lock_key(args, kwargs)
-        if self.fenced_supersede and (passed := self._superseded(key)) is not None:
-            return passed
-        ttl = float(app_settings.DEFAULT_TTL if self.fenced_ttl is None else self.fenced_ttl)
-        try:
-            grant = locks.acquire(
-                key,
-                holder=holder_name(self.name, request.id, request.retries + 1),
-                ttl=ttl,
-                wait=self.fenced_wait,
-            )
-        except LockHeld as held:
-            return self._on_busy(key, held)
-        end = _LeaseEnd(grant, KeepAlive(grant, ttl=ttl).start() if self.fenced_keepalive else None)
-        request.coordination_grant = grant  # type: ignore[attr-defined]
-        request.coordination_lease_end = end  # type: ignore[attr-defined]
-        try:
-            with locks.use_grant(grant):
-                if self.fenced_supersede and (passed := self._superseded(key)) is not None:
-                    return passed
-                return self.run(*args, **kwargs)
-        finally:
-            end()
+        execution = FencedExecution(
+            key,
+            holder=holder_name(self.name, request.id, request.retries + 1),
+            ttl=self.fenced_ttl,
+            wait=self.fenced_wait,
+            keepalive=self.fenced_keepalive,
+            task=self,
+            label=f"{self.name}[{request.id}]",
+        )
+        return execution.run(
+            lambda: self.run(*args, **kwargs),
+            on_busy=self.fenced_on_busy,
+            retry=lambda held, countdown: self.retry(exc=held, countdown=countdown),
+            superseded=(lambda: self._superseded(key)) if self.fenced_supersede else None,
+            sender=type(self),
+        )
 
     def retry(self, *args: Any, **kwargs: Any) -> Any:
         """``Task.retry``, after ending this execution's lease.
@@ -155,27 +151,10 @@ class FencedTask(Task):  # type: ignore[type-arg]  # the body's signature is not
         finds the lock held by the execution that sent it. ``autoretry_for``
         retries come through here too.
         """
-        end = getattr(self.request, "coordination_lease_end", None)
-        if end is not None:
-            end()
+        execution = current_execution()
+        if execution is not None and execution.task is self:
+            execution.end()
         return super().retry(*args, **kwargs)
-
-    def _on_busy(self, key: str, held: LockHeld) -> Skipped:
-        if self.fenced_on_busy == "raise":
-            raise held
-        if self.fenced_on_busy == "skip":
-            logger.warning("task %s[%s] skipped: %s", self.name, self.request.id, held.detail)
-            signals.task_skipped.send(
-                sender=type(self), task=self, key=key, reason="lock_held", error=held
-            )
-            return skipped("lock_held", key, held.detail)
-        # The holder's own remaining lease (database time), plus jitter so that
-        # tasks waiting for the same key do not all come back at once.
-        countdown = held.retry_after + random.uniform(0.05, 0.05 + min(1.0, 0.25 * held.retry_after))
-        logger.info(
-            "task %s[%s] retries in %.2f s: %s", self.name, self.request.id, countdown, held.detail
-        )
-        raise self.retry(exc=held, countdown=countdown)
 
     def _superseded(self, key: str) -> Skipped | None:
         ticket = self._enqueue_token()
@@ -204,24 +183,6 @@ class FencedTask(Task):  # type: ignore[type-arg]  # the body's signature is not
                 "task %s[%s] has a malformed %s header", self.name, request.id, ENQUEUE_TOKEN_HEADER
             )
             return None
-
-
-class _LeaseEnd:
-    """Ends one execution's lease once: stop the keep-alive, then release the grant's own lease."""
-
-    def __init__(self, grant: Grant, keepalive: KeepAlive | None) -> None:
-        self.grant = grant
-        self.keepalive = keepalive
-        self.done = False
-
-    def __call__(self) -> None:
-        if self.done:
-            return
-        self.done = True
-        # The keep-alive stops first, so it cannot renew (and fail on) a released lease.
-        if self.keepalive is not None:
-            self.keepalive.stop()
-        release_quietly(self.grant)
 
 
 @overload
@@ -279,8 +240,7 @@ def fenced_task(
         raise TypeError("fenced_task needs a lock: @fenced_task(lock='account:{account_id}')")
     if lock is None or not (isinstance(lock, str) or callable(lock)):
         raise InvalidInput("fenced_task(lock=...) must be a key template or a callable")
-    if on_busy not in get_args(OnBusy):
-        raise InvalidInput(f"on_busy must be one of {', '.join(get_args(OnBusy))}, not {on_busy!r}")
+    validate_on_busy(on_busy)
     if options.get("base") is not None and not issubclass(options["base"], FencedTask):
         raise InvalidInput("a fenced task's base must be a subclass of FencedTask")
     options.setdefault("base", FencedTask)

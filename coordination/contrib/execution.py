@@ -11,44 +11,50 @@ task bodies through :class:`FencedExecution`, so both behave the same way:
 - a :class:`KeepAlive` thread with its own database connection renews the
   lease every ``ttl / 3``; when a renewal fails, the grant is marked lost, so
   later fenced writes of the body are refused instead of applied;
-- the grant's own lease is released on every exit path. A process that dies
-  without getting there (SIGKILL, hard time limit) leaves a lease that simply
-  expires: nothing to clean up by hand.
+- the grant's own lease is released on every exit path (and before a Celery
+  retry is sent: :meth:`FencedExecution.end`). A process that dies without
+  getting there (SIGKILL, hard time limit) leaves a lease that simply expires:
+  nothing to clean up by hand;
+- a busy lock is handled the same way: ``on_busy="raise"`` (``LockHeld``),
+  ``"skip"`` (a :class:`Skipped` result, logged and signalled) or ``"retry"``
+  (the integration's own retry, after the holder's remaining lease).
 """
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import inspect
 import logging
 import os
+import random
 import socket
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from typing import Any, Literal
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Literal, TypeVar, cast, get_args
 
 from django.db import connections
 
 from .. import locks, signals
 from ..conf import app_settings
 from ..exceptions import InvalidInput, LeaseLost, LockHeld
+from ..leases import Lease
 from ..models import HOLDER_MAX_LENGTH, Grant, validate_key
 
 __all__ = [
-    "BUSY_CHOICES",
     "FencedExecution",
     "KeepAlive",
     "LockSpec",
     "OnBusy",
     "Skipped",
-    "busy_result",
-    "fenced_execution",
+    "current_execution",
     "holder_name",
     "lock_key_for",
     "release_quietly",
     "resolve_lock_key",
     "skipped",
+    "validate_on_busy",
 ]
 
 logger = logging.getLogger("coordination.tasks")
@@ -58,7 +64,8 @@ logger = logging.getLogger("coordination.tasks")
 LockSpec = str | Callable[..., str]
 
 OnBusy = Literal["retry", "skip", "raise"]
-BUSY_CHOICES: tuple[str, ...] = ("retry", "skip", "raise")
+
+_T = TypeVar("_T")
 
 
 def resolve_lock_key(
@@ -138,18 +145,6 @@ def skipped(reason: str, key: str, detail: str) -> Skipped:
     return Skipped(coordination="skipped", reason=reason, key=key, detail=detail)
 
 
-def busy_result(held: LockHeld, key: str) -> dict[str, Any]:
-    """What a task that skipped because its lock was busy returns: never a silent success."""
-    return {
-        "coordination": "skipped",
-        "reason": held.code,
-        "key": key,
-        "holder": held.holder,
-        "retry_after": round(held.retry_after, 3),
-        "detail": held.detail,
-    }
-
-
 class KeepAlive:
     """Renew ``grant``'s lease every ``interval`` seconds from a thread of its own.
 
@@ -160,7 +155,7 @@ class KeepAlive:
     applying. A renewal is never attempted more often than every ``ttl / 3``.
     """
 
-    def __init__(self, grant: Grant, *, ttl: float, using: str | None = None) -> None:
+    def __init__(self, grant: Lease, *, ttl: float, using: str | None = None) -> None:
         self.grant = grant
         self.ttl = ttl
         self.interval = ttl / 3
@@ -209,15 +204,21 @@ class KeepAlive:
 
 
 class FencedExecution:
-    """Acquire ``key`` for one execution, keep it alive, and release it at the end.
+    """One execution of a task body under a new grant of ``key``: the one path the
+    Celery decorator and its ``django.tasks`` twin both run their bodies through.
 
-    Use as a context manager; ``acquire()`` is separate so a caller can handle a
-    busy lock (``LockHeld``) before anything runs::
+    :meth:`run` does it all (supersede check, acquire, ``on_busy``, keep-alive,
+    ``use_grant``, release on every exit path). The parts, for callers that need
+    them: ``acquire()`` (may raise ``LockHeld``), then ``with execution:``
+    (keep-alive and ``use_grant`` on entry, :meth:`end` on exit)::
 
         execution = FencedExecution(key, holder=..., ttl=30)
         grant = execution.acquire()          # may raise LockHeld
         with execution:                      # keep-alive + use_grant, release on exit
             ...
+
+    ``task`` is what runs under it (the Celery task, the function); while the
+    body runs, :func:`current_execution` returns this execution.
     """
 
     def __init__(
@@ -229,6 +230,8 @@ class FencedExecution:
         wait: float = 0.0,
         keepalive: bool = True,
         using: str | None = None,
+        task: Any = None,
+        label: str | None = None,
     ) -> None:
         self.key = key
         self.holder = holder
@@ -236,38 +239,123 @@ class FencedExecution:
         self.wait = wait
         self.keepalive = keepalive
         self.using = using
-        self.grant: Grant | None = None
+        self.task = task
+        self.label = label or holder
+        self.grant: Lease | None = None
         self._keeper: KeepAlive | None = None
-        self._context: Any = None
+        self._contexts: list[AbstractContextManager[Any]] = []
+        self._running: contextvars.Token[FencedExecution | None] | None = None
+        self._ended = False
 
-    def acquire(self) -> Grant:
+    def acquire(self) -> Lease:
         self.grant = locks.acquire(
             self.key, holder=self.holder, ttl=self.ttl, wait=self.wait, using=self.using
         )
         return self.grant
 
-    def __enter__(self) -> Grant:
+    def __enter__(self) -> Lease:
         grant = self.grant if self.grant is not None else self.acquire()
         if self.keepalive:
             self._keeper = KeepAlive(grant, ttl=self.ttl, using=self.using).start()
-        self._context = locks.use_grant(grant)
-        self._context.__enter__()
+        context = locks.use_grant(grant)
+        context.__enter__()
+        self._contexts.append(context)
+        self._running = _current_execution.set(self)
         return grant
 
     def __exit__(self, *exc_info: Any) -> None:
-        grant = self.grant
-        assert grant is not None
         try:
-            self._context.__exit__(*exc_info)
+            if self._running is not None:
+                _current_execution.reset(self._running)
+                self._running = None
+            while self._contexts:
+                self._contexts.pop().__exit__(*exc_info)
         finally:
-            # The keep-alive stops before the release, so it cannot renew (and
-            # fail on) a lease that is already gone.
-            if self._keeper is not None:
-                self._keeper.stop()
-            release_quietly(grant, using=self.using)
+            self.end()
+
+    def end(self) -> None:
+        """End this execution's lease, once: stop the keep-alive, then release the
+        grant's own lease (never a newer holder's), never raising.
+
+        Called on exit, and by a Celery ``retry()`` before the retry message is
+        sent, so the retry never finds the lock held by the execution that sent it.
+        """
+        if self._ended or self.grant is None:
+            return
+        self._ended = True
+        # The keep-alive stops first, so it cannot renew (and fail on) a released lease.
+        if self._keeper is not None:
+            self._keeper.stop()
+        release_quietly(self.grant, using=self.using)
+
+    def run(
+        self,
+        body: Callable[[], _T],
+        *,
+        on_busy: OnBusy = "raise",
+        retry: Callable[[LockHeld, float], Any] | None = None,
+        superseded: Callable[[], Skipped | None] | None = None,
+        sender: Any = None,
+    ) -> _T | Skipped:
+        """Run ``body`` under a new grant; the outcome is the body's.
+
+        - ``superseded``: asked before the acquire and again under the new lease; a
+          :class:`Skipped` it returns is the result, without running the body.
+        - ``on_busy`` when the lock stays held for ``wait`` seconds: ``"raise"``
+          (``LockHeld``), ``"skip"`` (log, ``signals.task_skipped(sender=sender,
+          task=..., reason="lock_held")``, a :class:`Skipped` result) or ``"retry"``:
+          ``raise retry(held, countdown)``, the countdown being the holder's
+          remaining lease (database time) plus jitter.
+        """
+        if superseded is not None and (passed := superseded()) is not None:
+            return passed
+        try:
+            self.acquire()
+        except LockHeld as held:
+            return self._busy(held, on_busy, retry, sender)
+        with self:
+            if superseded is not None and (passed := superseded()) is not None:
+                return passed
+            return body()
+
+    def _busy(
+        self,
+        held: LockHeld,
+        on_busy: OnBusy,
+        retry: Callable[[LockHeld, float], Any] | None,
+        sender: Any,
+    ) -> Skipped:
+        if on_busy == "skip":
+            logger.warning("task %s skipped: %s", self.label, held.detail)
+            signals.task_skipped.send(
+                sender=sender, task=self.task, key=self.key, reason="lock_held", error=held
+            )
+            return skipped("lock_held", self.key, held.detail)
+        if on_busy == "retry" and retry is not None:
+            countdown = retry_countdown(held)
+            logger.info("task %s retries in %.2f s: %s", self.label, countdown, held.detail)
+            raise retry(held, countdown)
+        raise held
 
 
-def release_quietly(grant: Grant, *, using: str | None = None) -> None:
+_current_execution: contextvars.ContextVar[FencedExecution | None] = contextvars.ContextVar(
+    "coordination_current_execution", default=None
+)
+
+
+def current_execution() -> FencedExecution | None:
+    """The fenced execution whose body is running in this context, if any."""
+    return _current_execution.get()
+
+
+def retry_countdown(held: LockHeld) -> float:
+    """Seconds before retrying a busy lock: the holder's own remaining lease
+    (database time), plus jitter so that tasks waiting for the same key do not
+    all come back at once."""
+    return held.retry_after + random.uniform(0.05, 0.05 + min(1.0, 0.25 * held.retry_after))
+
+
+def release_quietly(grant: Lease, *, using: str | None = None) -> None:
     """Release ``grant``'s own lease, never a newer holder's, and never raise.
 
     A task's outcome is its body's: a lease that ran out or a database that is
@@ -287,24 +375,8 @@ def release_quietly(grant: Grant, *, using: str | None = None) -> None:
         )
 
 
-@contextmanager
-def fenced_execution(
-    key: str,
-    *,
-    holder: str,
-    ttl: float | None = None,
-    wait: float = 0.0,
-    keepalive: bool = True,
-    using: str | None = None,
-) -> Iterator[Grant]:
-    """``FencedExecution`` as a plain context manager: acquire, keep alive, release."""
-    with FencedExecution(
-        key, holder=holder, ttl=ttl, wait=wait, keepalive=keepalive, using=using
-    ) as grant:
-        yield grant
-
-
-def validate_on_busy(on_busy: str, choices: Sequence[str] = BUSY_CHOICES) -> str:
+def validate_on_busy(on_busy: object, choices: Sequence[str] = get_args(OnBusy)) -> OnBusy:
+    """``on_busy`` if it is one of ``choices``, else ``InvalidInput``."""
     if on_busy not in choices:
         raise InvalidInput(f"on_busy must be one of {', '.join(map(repr, choices))}, not {on_busy!r}")
-    return on_busy
+    return cast(OnBusy, on_busy)

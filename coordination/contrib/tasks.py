@@ -30,26 +30,21 @@ from __future__ import annotations
 
 import functools
 import inspect
-import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
 
-from .. import signals
-from ..exceptions import InvalidInput, LockHeld
+from ..exceptions import InvalidInput
 from .execution import (
     FencedExecution,
     LockSpec,
     holder_name,
     resolve_lock_key,
-    skipped,
     validate_on_busy,
 )
 
 __all__ = ["fenced", "fenced_task"]
-
-logger = logging.getLogger("coordination.tasks")
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -73,7 +68,7 @@ def fenced(
     """
     if not (isinstance(lock, str) or callable(lock)):
         raise InvalidInput("fenced(lock=...) must be a key template or a callable")
-    validate_on_busy(on_busy, ("skip", "raise"))
+    busy = validate_on_busy(on_busy, ("skip", "raise"))
 
     def decorate(func: _F) -> _F:
         if inspect.iscoroutinefunction(func):
@@ -96,19 +91,10 @@ def fenced(
                 wait=wait,
                 keepalive=keepalive,
                 using=using,
+                task=func,
+                label=f"{func.__qualname__}[{task_id}]",
             )
-            try:
-                execution.acquire()
-            except LockHeld as held:
-                if on_busy == "raise":
-                    raise
-                logger.warning("task %s[%s] skipped: %s", func.__qualname__, task_id, held.detail)
-                signals.task_skipped.send(
-                    sender=fenced, task=func, key=key, reason="lock_held", error=held
-                )
-                return skipped("lock_held", key, held.detail)
-            with execution:
-                return func(*args, **kwargs)
+            return execution.run(lambda: func(*args, **kwargs), on_busy=busy, sender=fenced)
 
         return run  # type: ignore[return-value]
 

@@ -6,9 +6,9 @@ from django.db import migrations, models
 def install_functions(apps, schema_editor):
     if schema_editor.connection.vendor != "postgresql":
         return
-    from coordination import pgsql
+    from coordination.backends import postgresql
 
-    pgsql.install(
+    postgresql.install_if_permitted(
         schema_editor.connection,
         lock=apps.get_model("coordination", "Lock"),
         grant=apps.get_model("coordination", "Grant"),
@@ -19,11 +19,9 @@ def install_functions(apps, schema_editor):
 def drop_functions(apps, schema_editor):
     if schema_editor.connection.vendor != "postgresql":
         return
-    from coordination import pgsql
+    from coordination.backends import postgresql
 
-    with schema_editor.connection.cursor() as cursor:
-        for statement in pgsql.DROP:
-            cursor.execute(statement)
+    postgresql.drop(schema_editor.connection)
 
 
 class Migration(migrations.Migration):

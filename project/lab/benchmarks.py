@@ -34,7 +34,8 @@ from typing import Any
 from django.apps import apps
 from django.db import connections, models, transaction
 
-from coordination import locks, pgsql
+from coordination import locks
+from coordination.backends import postgresql
 from coordination.conf import app_settings
 from coordination.exceptions import LockHeld
 from coordination.models import Grant, Lock, Ticket
@@ -131,7 +132,7 @@ def bench_database(database: str | None = None, *, keep: bool = False) -> Iterat
             for model in bench_models():
                 editor.create_model(model)
         if vendor == "postgresql":
-            pgsql.install_for_models(connections[BENCH_ALIAS])
+            postgresql.install_for_models(connections[BENCH_ALIAS])
             with connections[BENCH_ALIAS].cursor() as cursor:
                 cursor.execute(
                     "CREATE TABLE floor_lock (key text PRIMARY KEY, token bigint NOT NULL DEFAULT 0,"
@@ -268,11 +269,11 @@ def _percentile_ms(ordered: list[float], fraction: float) -> float | None:
 _client_scopes: list[Any] = []
 
 
-def locks_client(hot: bool, *, prepared: bool = False) -> ClientFactory:
+def locks_client(hot: bool, *, prepared: bool = False, grant_point: str | None = None) -> ClientFactory:
     def make(index: int) -> Operation:
         # In the forked client only, for the rest of its life (the reference
         # keeps the override from being closed when the generator is collected).
-        scope = bench_settings(BENCH_ALIAS, PREPARED_STATEMENTS=prepared)
+        scope = bench_settings(BENCH_ALIAS, PREPARED_STATEMENTS=prepared, GRANT_POINT=grant_point)
         scope.__enter__()
         _client_scopes.append(scope)
         keys = ["bench-hot"] if hot else [f"bench-{index}-{n}" for n in range(64)]
@@ -397,6 +398,7 @@ def cycle_suite(config: BenchConfig, vendor: str, progress: Callable[[str], None
             "raw_sql_floor": floor_client,
             **systems,
             "locks_prepared": lambda hot: locks_client(hot, prepared=True),
+            "locks_orm": lambda hot: locks_client(hot, grant_point="orm"),
             "pg_advisory": advisory_client,
         }
     else:

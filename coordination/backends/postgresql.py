@@ -1,0 +1,462 @@
+"""The grant point on PostgreSQL: one PL/pgSQL function call per acquire and release.
+
+``acquire()`` and ``release()`` each call one function (installed by migration
+0006, :func:`install`): one round trip, one transaction (the call's own
+autocommit statement), and the plans of the statements inside are cached by
+the server per connection, with no named prepared statement a
+transaction-pooling proxy could lose. Renew and revoke are the ORM
+transaction of :mod:`coordination.backends.orm`.
+
+Why the acquire is safe: its upsert (``INSERT ... ON CONFLICT (key) DO
+UPDATE ... WHERE <grantable>``) locks the key's row before it evaluates the
+WHERE and the SET, on the latest committed row version, exactly as ``SELECT
+... FOR UPDATE`` would; ``clock_timestamp()`` is therefore read after the row
+lock is held. The row lock is kept until the function's transaction commits,
+so the token counter and the grant row commit together and whoever holds the
+row lock is the only one deciding. In READ COMMITTED every later statement of
+a VOLATILE function takes a new snapshot: the grant of the previous token,
+whose transaction committed before this one could lock the row, is visible to
+the statement that closes it. The WHERE is the SQL twin of
+:func:`coordination.backends.base.grant_refusal`.
+
+Waiters are woken with LISTEN/NOTIFY, by both PostgreSQL backends (this one and
+the ORM transaction chosen with ``COORDINATION["GRANT_POINT"] = "orm"``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import suppress
+from typing import Any
+from weakref import WeakKeyDictionary
+
+from django.core.exceptions import ImproperlyConfigured
+from django.db import DatabaseError, ProgrammingError, models, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from ..conf import app_settings
+from ..exceptions import LeaseLost
+from ..leases import Lease
+from ..models import MAX_TOKEN, GrantEnd, hash_lease_id
+from .base import (
+    WAKE_UP_CHANNEL,
+    Acquired,
+    Ended,
+    Listener,
+    LockSnapshot,
+    TakenOver,
+    format_sql,
+    grant_refusal,
+    lease_refusal,
+    never_granted,
+    new_lease_id,
+    refuse_in_caller_transaction,
+)
+from .orm import OrmGrantPoint
+
+__all__ = [
+    "ACQUIRE_FUNCTION",
+    "DROP_FUNCTIONS",
+    "RELEASE_FUNCTION",
+    "PostgreSQLGrantPoint",
+    "PostgreSQLOrmGrantPoint",
+    "install",
+    "install_for_models",
+]
+
+logger = logging.getLogger("coordination.locks")
+
+ACQUIRE_FUNCTION = "coordination_acquire"
+RELEASE_FUNCTION = "coordination_release"
+
+# One row, granted or not. Granted: lock_id, token, acquired_at, expires_at,
+# grant_id, and the lease this grant took over if it ran out without a
+# release (prev_*). Refused: the lock's state, so the caller can say why
+# without another round trip (lock_id is NULL for a key never granted).
+CREATE_ACQUIRE_FUNCTION = """
+CREATE OR REPLACE FUNCTION coordination_acquire(
+    p_key text, p_holder text, p_hash text, p_ttl double precision,
+    p_delay double precision, p_ticket bigint, p_max_token bigint,
+    OUT granted boolean, OUT lock_id bigint, OUT token bigint, OUT holder text,
+    OUT acquired_at timestamptz, OUT expires_at timestamptz, OUT now timestamptz,
+    OUT lock_delay double precision, OUT delay_until timestamptz, OUT ahead bigint,
+    OUT grant_id bigint, OUT prev_holder text, OUT prev_acquired_at timestamptz,
+    OUT prev_expires_at timestamptz
+) LANGUAGE plpgsql VOLATILE AS $fn$
+BEGIN
+    -- Without a ticket (p_ticket = p_max_token) every live ticket of the key is
+    -- ahead: nobody barges past fair waiters.
+    INSERT INTO {lock} AS l (
+        key, token, holder, lease_hash, acquired_at, expires_at, created_at, lock_delay
+    )
+    SELECT p_key, 1, p_holder, p_hash, c.t, c.t + make_interval(secs => p_ttl), c.t, p_delay
+    FROM (SELECT clock_timestamp() AS t) AS c
+    WHERE NOT EXISTS (
+        SELECT 1 FROM {ticket} AS q
+        WHERE q.lock_key = p_key AND q.id < p_ticket AND q.expires_at > clock_timestamp()
+    )
+    ON CONFLICT (key) DO UPDATE SET
+        token = l.token + 1, holder = EXCLUDED.holder, lease_hash = EXCLUDED.lease_hash,
+        (acquired_at, expires_at) = (
+            SELECT c.t, c.t + make_interval(secs => p_ttl)
+            FROM (SELECT clock_timestamp() AS t) AS c
+        ),
+        lock_delay = EXCLUDED.lock_delay, delay_until = NULL
+    -- The grant rule (base.grant_refusal): free with no lock-delay running, or
+    -- expired with its lock-delay over; below the largest token.
+    WHERE (
+            (l.holder = '' AND (l.delay_until IS NULL OR l.delay_until <= clock_timestamp()))
+            OR l.expires_at + make_interval(secs => l.lock_delay) <= clock_timestamp()
+        )
+        AND l.token < p_max_token
+    RETURNING l.id, l.token, l.acquired_at, l.expires_at
+    INTO lock_id, token, acquired_at, expires_at;
+
+    IF NOT FOUND THEN
+        granted := false;
+        SELECT l.id, l.token, l.holder, l.expires_at, clock_timestamp(), l.lock_delay,
+            l.delay_until,
+            (SELECT count(*) FROM {ticket} AS q
+             WHERE q.lock_key = p_key AND q.id < p_ticket AND q.expires_at > clock_timestamp())
+        INTO lock_id, token, holder, expires_at, now, lock_delay, delay_until, ahead
+        FROM (SELECT 1) AS one LEFT JOIN {lock} AS l ON l.key = p_key;
+        RETURN;
+    END IF;
+
+    granted := true;
+    IF token > 1 THEN
+        -- Only the current lease's grant is ever open. If the previous one still
+        -- is, its lease ran out without a release: close it as expired.
+        UPDATE {grant} AS g SET ended_at = g.expires_at, end_reason = 'expired'
+        WHERE g.lock_id = coordination_acquire.lock_id
+            AND g.token = coordination_acquire.token - 1 AND g.ended_at IS NULL
+        RETURNING g.holder, g.acquired_at, g.expires_at
+        INTO prev_holder, prev_acquired_at, prev_expires_at;
+    END IF;
+    INSERT INTO {grant} (lock_id, token, holder, lease_hash, acquired_at, expires_at, end_reason)
+    VALUES (lock_id, token, p_holder, p_hash, acquired_at, expires_at, '')
+    RETURNING id INTO grant_id;
+    IF p_ticket < p_max_token THEN
+        DELETE FROM {ticket} AS q WHERE q.id = p_ticket;
+    END IF;
+END
+$fn$
+"""
+
+# Release matches the lease by key, token and lease hash, after the row lock
+# is held. The grant row's expires_at (moved together with the lock's by renew)
+# says whether the lease ran out first. Waiters are notified only if one said
+# it waits (wake_until, on the row version this update locked), so releases
+# nobody waits for do not queue on the server's single NOTIFY lock. Refused:
+# the lock's state, so the caller can say why (lock_id is NULL for a key never
+# granted).
+CREATE_RELEASE_FUNCTION = """
+CREATE OR REPLACE FUNCTION coordination_release(
+    p_key text, p_token bigint, p_hash text, p_notify boolean, p_channel text,
+    OUT released boolean, OUT now timestamptz, OUT ended_at timestamptz,
+    OUT end_reason text, OUT lock_id bigint, OUT token bigint, OUT holder text,
+    OUT lease_hash text, OUT expires_at timestamptz
+) LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+    v_wake_until timestamptz;
+BEGIN
+    UPDATE {lock} AS l SET holder = '', lease_hash = '', acquired_at = NULL,
+        expires_at = NULL,
+        delay_until = CASE WHEN l.expires_at <= clock_timestamp()
+            THEN l.expires_at + make_interval(secs => l.lock_delay) END
+    WHERE l.key = p_key AND l.holder <> '' AND l.token = p_token AND l.lease_hash = p_hash
+    RETURNING l.id, clock_timestamp(), l.wake_until INTO lock_id, now, v_wake_until;
+    released := FOUND;
+    IF NOT released THEN
+        SELECT l.id, l.token, l.holder, l.lease_hash, l.expires_at, clock_timestamp()
+        INTO lock_id, token, holder, lease_hash, expires_at, now
+        FROM (SELECT 1) AS one LEFT JOIN {lock} AS l ON l.key = p_key;
+        RETURN;
+    END IF;
+    UPDATE {grant} AS g SET
+        ended_at = LEAST(coordination_release.now, g.expires_at),
+        end_reason = CASE WHEN g.expires_at > coordination_release.now
+            THEN 'released' ELSE 'expired' END
+    WHERE g.lock_id = coordination_release.lock_id AND g.token = p_token
+        AND g.ended_at IS NULL
+    RETURNING g.ended_at, g.end_reason INTO ended_at, end_reason;
+    IF p_notify AND v_wake_until > coordination_release.now THEN
+        PERFORM pg_notify(p_channel, p_key);
+    END IF;
+END
+$fn$
+"""
+
+CREATE_FUNCTIONS = (CREATE_ACQUIRE_FUNCTION, CREATE_RELEASE_FUNCTION)
+DROP_FUNCTIONS = (
+    "DROP FUNCTION IF EXISTS coordination_acquire("
+    "text, text, text, double precision, double precision, bigint, bigint)",
+    "DROP FUNCTION IF EXISTS coordination_release(text, bigint, text, boolean, text)",
+)
+
+ACQUIRE = f"SELECT * FROM {ACQUIRE_FUNCTION}(%s, %s, %s, %s, %s, %s, %s)"
+RELEASE = f"SELECT * FROM {RELEASE_FUNCTION}(%s, %s, %s, %s, %s)"
+
+# A waiter says until when it may wait, before its next attempt; a release
+# notifies only while someone may be waiting. The row lock orders this with
+# the release's update: either the release sees it, or it committed first and
+# the attempt after this sees the lock free.
+WAKE_ME = """
+UPDATE {lock} SET wake_until = GREATEST(wake_until,
+    clock_timestamp() + make_interval(secs => %(seconds)s))
+WHERE key = %(key)s
+RETURNING 1
+"""
+NOTIFY = "SELECT pg_notify(%s, %s)"
+INSUFFICIENT_PRIVILEGE = "42501"
+UNDEFINED_FUNCTION = "42883"
+LISTEN = f"LISTEN {WAKE_UP_CHANNEL}"
+
+
+def install(
+    connection: BaseDatabaseWrapper,
+    *,
+    lock: type[models.Model],
+    grant: type[models.Model],
+    ticket: type[models.Model],
+) -> None:
+    """Create the functions on ``connection`` for these models' tables (the
+    app's own, or a migration's historical ones). They are dropped first, so
+    a later version may change what they return. Reads no settings."""
+    tables = {"lock": lock, "grant": grant, "ticket": ticket}
+    with connection.cursor() as cursor:
+        for statement in DROP_FUNCTIONS:
+            cursor.execute(statement)
+        for template in CREATE_FUNCTIONS:
+            cursor.execute(format_sql(template, connection, tables=tables))
+
+
+def install_if_permitted(
+    connection: BaseDatabaseWrapper,
+    *,
+    lock: type[models.Model],
+    grant: type[models.Model],
+    ticket: type[models.Model],
+) -> bool:
+    """:func:`install`, unless the database refuses the app the right to create
+    functions: then the migration goes on without them (False), and the grant
+    point must be the ORM transaction (``COORDINATION["GRANT_POINT"] = "orm"``).
+    Migrations read no settings, so this cannot be decided from them."""
+    try:
+        # A savepoint: the refused statement must not abort the migration's
+        # own transaction.
+        with transaction.atomic(using=connection.alias):
+            install(connection, lock=lock, grant=grant, ticket=ticket)
+    except DatabaseError as error:
+        if _sqlstate(error) != INSUFFICIENT_PRIVILEGE:
+            raise
+        logger.warning(
+            "not allowed to create the grant point's functions (%s); set "
+            "COORDINATION['GRANT_POINT'] = 'orm' for this database", error,
+        )
+        return False
+    return True
+
+
+def install_for_models(connection: BaseDatabaseWrapper) -> None:
+    """Create the functions for the app's current tables on ``connection``
+    (for schemas made without migrations, such as the benchmark's)."""
+    from ..models import Grant, Lock, Ticket
+
+    install(connection, lock=Lock, grant=Grant, ticket=Ticket)
+
+
+def drop(connection: BaseDatabaseWrapper) -> None:
+    """Drop the functions (migration 0006 backwards)."""
+    with connection.cursor() as cursor:
+        for statement in DROP_FUNCTIONS:
+            cursor.execute(statement)
+
+
+def _sqlstate(error: BaseException) -> str | None:
+    return getattr(error.__cause__, "sqlstate", None) or getattr(error, "sqlstate", None)
+
+
+class _PgListener:
+    """A LISTENing connection of a waiter's own (psycopg, autocommit)."""
+
+    def __init__(self, connection: Any) -> None:
+        self._connection = connection
+
+    def wait(self, key: str, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            for note in self._connection.notifies(timeout=left, stop_after=1):
+                if note.payload == key:
+                    return True
+        return False
+
+    def close(self) -> None:
+        with suppress(Exception):
+            self._connection.close()
+
+
+class PostgreSQLOrmGrantPoint(OrmGrantPoint):
+    """The ORM transaction on PostgreSQL, with LISTEN/NOTIFY wake-ups.
+
+    ``COORDINATION["GRANT_POINT"] = "orm"``: for databases where the app may not
+    create functions. Seven statements per acquire (BEGIN to COMMIT) and six per
+    release, instead of one call each.
+    """
+
+    name = "orm"
+
+    def __init__(self, alias: str) -> None:
+        super().__init__(alias)
+        # One psycopg cursor per Django connection (per thread), for the
+        # statements below; dropped with the connection object.
+        self._cursors: WeakKeyDictionary[BaseDatabaseWrapper, Any] = WeakKeyDictionary()
+
+    def execute(self, template: str, params: dict[str, object] | tuple[object, ...]) -> Any:
+        """Run one of this module's statements and return its first row (or None).
+
+        The one executor of the grant point's SQL. Prepared once per connection
+        (saving the parse and plan of the call; the functions' own plans are
+        cached either way) when ``COORDINATION["PREPARED_STATEMENTS"]`` is True,
+        or when it is None (the default) and the connection prepares its own
+        statements (Django's ``OPTIONS["prepare_threshold"]``). Django leaves
+        preparation off by default for transaction-pooling proxies that cannot
+        keep prepared statements.
+        """
+        connection = self.connection
+        sql = format_sql(template, connection)
+        with connection.wrap_database_errors:
+            cursor = self._cursor(connection)
+            raw = cursor.connection
+            prepare = app_settings.PREPARED_STATEMENTS
+            if prepare is None:
+                prepare = raw.prepare_threshold is not None
+            if not prepare:
+                cursor.execute(sql, params, prepare=False)
+                return cursor.fetchone()
+            threshold, raw.prepare_threshold = raw.prepare_threshold, 0
+            try:
+                cursor.execute(sql, params, prepare=True)
+            finally:
+                raw.prepare_threshold = threshold
+            return cursor.fetchone()
+
+    def _cursor(self, connection: BaseDatabaseWrapper) -> Any:
+        """A psycopg cursor of the connection's own (server-side binding, unlike
+        Django's cursors), kept until the connection is replaced."""
+        import psycopg
+
+        raw = connection.connection
+        if raw is None:
+            connection.ensure_connection()
+            raw = connection.connection
+        cursor = self._cursors.get(connection)
+        if cursor is None or cursor.connection is not raw:
+            cursor = self._cursors[connection] = psycopg.Cursor(raw)
+        return cursor
+
+    # --- wake-ups: LISTEN/NOTIFY -------------------------------------------------
+
+    def listen(self) -> Listener | None:
+        if not app_settings.WAKE_UPS:
+            return None
+        import psycopg
+
+        params = self.connection.get_connection_params()
+        for django_only in ("cursor_factory", "context", "server_side_binding"):
+            params.pop(django_only, None)
+        try:
+            listening = psycopg.connect(**params, autocommit=True)
+            listening.execute(LISTEN)
+        except Exception as error:
+            logger.warning("cannot LISTEN for wake-ups, polling instead: %s", error)
+            return None
+        return _PgListener(listening)
+
+    def ask_to_wake(self, key: str, seconds: float) -> bool:
+        if not app_settings.WAKE_UPS:
+            return False
+        return self.execute(WAKE_ME, {"key": key, "seconds": seconds}) is not None
+
+    def wake(self, key: str) -> None:
+        if app_settings.WAKE_UPS:
+            self.execute(NOTIFY, (WAKE_UP_CHANNEL, key))
+
+
+class PostgreSQLGrantPoint(PostgreSQLOrmGrantPoint):
+    """The default on PostgreSQL: acquire and release are one function call each."""
+
+    name = "postgresql"
+
+    def call(self, template: str, params: tuple[object, ...]) -> Any:
+        """One call of a grant-point function; a missing function says what to do."""
+        try:
+            return self.execute(template, params)
+        except ProgrammingError as error:
+            if _sqlstate(error) != UNDEFINED_FUNCTION:
+                raise
+            raise ImproperlyConfigured(
+                f"the grant point's functions are missing in database {self.alias!r} ({error}). "
+                "Run migrate; if the app may not create functions there, set "
+                "COORDINATION['GRANT_POINT'] = 'orm'."
+            ) from error
+
+    def acquire(
+        self, key: str, holder: str, ttl: float, lock_delay: float, ticket: int | None
+    ) -> Acquired:
+        refuse_in_caller_transaction(self.connection)
+        lease_id = new_lease_id()
+        lease_hash = hash_lease_id(lease_id)
+        # Without a ticket every live ticket of the key is ahead: no barging past
+        # fair waiters.
+        place = MAX_TOKEN if ticket is None else ticket
+        params = (key, holder, lease_hash, ttl, lock_delay, place, MAX_TOKEN)
+        while True:
+            (
+                granted, _lock_id, token, current_holder, acquired_at, expires_at, now,
+                current_delay, delay_until, ahead, _grant_id, prev_holder, prev_acquired_at,
+                prev_expires_at,
+            ) = self.call(ACQUIRE, params)
+            if granted:
+                break
+            # Why: held, lock-delay, the queue, or out of tokens. If none of these
+            # holds any more (freed since the upsert), try again.
+            refusal = grant_refusal(
+                LockSnapshot(
+                    key, token or 0, current_holder or "", "", expires_at,
+                    current_delay or 0.0, delay_until,
+                ),
+                now, ahead,
+            )
+            if refusal is not None:
+                raise refusal
+        lease = Lease(
+            key=key, token=token, lease_id=lease_id, holder=holder,
+            acquired_at=acquired_at, expires_at=expires_at,
+        )
+        taken_over = (
+            None if prev_expires_at is None
+            else TakenOver(token - 1, prev_holder, prev_acquired_at, prev_expires_at)
+        )
+        return Acquired(lease, taken_over)
+
+    def release(self, lease: Lease) -> Ended:
+        refuse_in_caller_transaction(self.connection)
+        released, now, ended_at, end_reason, lock_id, token, holder, lease_hash, expires_at = (
+            self.call(RELEASE, (
+                lease.key, lease.token, hash_lease_id(lease.lease_id),
+                bool(app_settings.WAKE_UPS), WAKE_UP_CHANNEL,
+            ))
+        )
+        if not released:
+            # Not the current lease: say precisely why, as the ORM path does.
+            if lock_id is None:
+                raise never_granted(lease.key)
+            snapshot = LockSnapshot(lease.key, token, holder, lease_hash, expires_at, 0.0, None)
+            raise lease_refusal(snapshot, lease, now) or LeaseLost(
+                f"lease of {lease.key!r} token {lease.token} is not current"
+            )
+        if end_reason == GrantEnd.EXPIRED:
+            return Ended(GrantEnd.EXPIRED, ended_at, ended_at)
+        return Ended(GrantEnd.RELEASED, ended_at or now, None)
