@@ -279,12 +279,14 @@ def unchecked_watermark(token_field: str, step_field: str, token: int, step: int
     lower the watermark: the database refuses that (rule 8 of docs/rules.md).
     A SET sees the row as it was, so both columns compare the same old pair.
     """
-    from django.db.models import Case, F, Q, Value, When
+    from django.db.models import BigIntegerField, Case, F, Q, Value, When
 
     raises = Q(**{f"{token_field}__lt": token}) | Q(**{token_field: token, f"{step_field}__lt": step})
     return {
-        token_field: Case(When(raises, then=Value(token)), default=F(token_field)),
-        step_field: Case(When(raises, then=Value(step)), default=F(step_field)),
+        field: Case(
+            When(raises, then=Value(value)), default=F(field), output_field=BigIntegerField()
+        )
+        for field, value in ((token_field, token), (step_field, step))
     }
 
 
