@@ -87,10 +87,13 @@ class FencedQuerySet(models.QuerySet[_Model]):
     """QuerySet of a :class:`FencedModel`, with the fenced conditional update."""
 
     def update(self, **kwargs: Any) -> int:
-        """``QuerySet.update()``; an UPDATE the watermark triggers refuse raises ``StaleToken``
-        (it would lower a row's watermark) or ``UnfencedWrite`` (it leaves the watermark
-        of a ``fence_strict`` row where it is), naming the row. ``bulk_update()`` goes
-        through here too. The rows are left as they were (the whole statement is undone).
+        """``QuerySet.update()``, with the watermark triggers' refusals named for the row.
+
+        An UPDATE that would lower a row's watermark raises ``StaleToken`` (a lower
+        token) or ``DuplicateWrite`` (a lower step of the same token); one that
+        leaves the watermark of a ``fence_strict`` row where it is raises
+        ``UnfencedWrite``. ``bulk_update()`` goes through here too. The rows are
+        left as they were: the database undoes the whole statement.
         """
         try:
             return super().update(**kwargs)
@@ -337,15 +340,15 @@ class FencedModel(models.Model):
     def save(self, *args: Any, **kwargs: Any) -> None:
         """Django's ``save()``, never writing the watermark of an existing row.
 
-        An UPDATE the watermark triggers refuse raises ``UnfencedWrite`` (a
-        ``fence_strict`` model: write it with :meth:`fenced_save`) or
-        ``StaleToken``, instead of the database's ``IntegrityError``.
+        On a ``fence_strict`` model the database refuses it: ``UnfencedWrite``
+        instead of its ``IntegrityError`` (write such rows with
+        :meth:`fenced_save`). An insert writes the instance's watermark as it is.
         """
         try:
             super().save(*args, **kwargs)
         except IntegrityError as error:
             using = kwargs.get("using") or router.db_for_write(type(self), instance=self)
-            rows = type(self)._default_manager.db_manager(using).filter(pk=self.pk)
+            rows = type(self)._base_manager.db_manager(using).filter(pk=self.pk)
             refused = _explain_refusal(error, rows, {})
             if refused is None:
                 raise
@@ -641,7 +644,8 @@ def _explain_refusal(
     """
     model: Any = rows.model
     refusal = watermarks.refusal(error)
-    if refusal is None or refusal.table != model._meta.db_table:
+    # The watermark's table: a multi-table child keeps it in its parent's.
+    if refusal is None or refusal.table != model._meta.get_field("fence").model._meta.db_table:
         return None
     label = model._meta.label_lower
     old: tuple[int, ...]

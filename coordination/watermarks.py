@@ -193,15 +193,21 @@ def watermarks_of(candidates: Iterable[type[models.Model]]) -> list[Watermark]:
     found: dict[str, Watermark] = {}
     for model in candidates:
         meta = model._meta
-        if meta.abstract or meta.proxy or not meta.managed or meta.db_table in found:
+        if meta.abstract or meta.proxy or not meta.managed:
             continue
         if issubclass(model, Lock):
-            found[meta.db_table] = Watermark.of(model, "token")
+            fields: tuple[str, ...] = ("token",)
         elif issubclass(model, Fence):
-            found[meta.db_table] = Watermark.of(model, "token", "step")
+            fields = ("token", "step")
         elif issubclass(model, FencedModel):
-            strict = bool(getattr(model, "fence_strict", False))
-            found[meta.db_table] = Watermark.of(model, "fence", "fence_step", strict=strict)
+            fields = ("fence", "fence_step")
+        else:
+            continue
+        # A multi-table child keeps its watermark in its parent's table.
+        owner: Any = meta.get_field(fields[0]).model
+        if owner._meta.db_table not in found:
+            strict = bool(getattr(owner, "fence_strict", False))
+            found[owner._meta.db_table] = Watermark.of(owner, *fields, strict=strict)
     return list(found.values())
 
 
