@@ -118,7 +118,6 @@ POSTGRESQL_TRIGGER = (
     "CREATE TRIGGER {name} BEFORE UPDATE{of} ON {table} FOR EACH ROW "
     "WHEN ({condition}) EXECUTE FUNCTION coordination_refuse_watermark({arguments})"
 )
-POSTGRESQL_DROP_FUNCTION = "DROP FUNCTION IF EXISTS coordination_refuse_watermark()"
 
 # --- SQLite -----------------------------------------------------------------------
 #
