@@ -34,6 +34,7 @@ from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
 from . import dashboard, fencing, locks
+from .exceptions import StaleToken, UnfencedWrite
 from .models import (
     AcceptedWrite,
     DatabaseNow,
@@ -65,6 +66,41 @@ class HistoryAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+
+class FencedModelAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """Admin for a user's :class:`~coordination.fencing.FencedModel`: a write the
+    watermark triggers refuse is shown as an error message, not a server error.
+
+    An admin edit is a plain ``save()``: it never changes the watermark (rule 8
+    of docs/rules.md), and on a ``fence_strict`` model the database refuses it
+    (``UnfencedWrite``), as it refuses a bulk action that would lower a
+    watermark (``StaleToken``). Nothing is saved; the page is shown again with
+    the reason. Subclass it as you would ``admin.ModelAdmin``.
+    """
+
+    def changeform_view(
+        self, request: HttpRequest, object_id: str | None = None, form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        try:
+            return super().changeform_view(request, object_id, form_url, extra_context)
+        except (UnfencedWrite, StaleToken) as refused:
+            return self._refused(request, refused)
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        # list_editable and actions save from here.
+        try:
+            return super().changelist_view(request, extra_context)
+        except (UnfencedWrite, StaleToken) as refused:
+            return self._refused(request, refused)
+
+    def _refused(self, request: HttpRequest, refused: UnfencedWrite | StaleToken) -> HttpResponse:
+        # Raised out of the view's atomic block: the transaction was rolled back.
+        self.message_user(request, f"Not saved: {refused.detail}", messages.ERROR)
+        return HttpResponseRedirect(request.get_full_path())
 
 
 class OperatorActionsMixin:

@@ -1,6 +1,7 @@
 import importlib.util
 
 from django.apps import AppConfig
+from django.db.models.signals import post_migrate
 
 
 class CoordinationConfig(AppConfig):
@@ -13,8 +14,16 @@ class CoordinationConfig(AppConfig):
             checks,  # noqa: F401  (registers the system checks)
             history,
             signals,
+            watermarks,
         )
         from .models import Fence
+
+        # After every migrate (and test flush): the watermark triggers of every
+        # FencedModel table on that database, the user's apps included.
+        post_migrate.connect(
+            watermarks.install_after_migrate, sender=self,
+            dispatch_uid="coordination.watermarks",
+        )
 
         signals.write_accepted.connect(
             history.record_accepted_write, sender=Fence, dispatch_uid="coordination.history"

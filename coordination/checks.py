@@ -267,3 +267,38 @@ def check_token_headroom(
             id="coordination.W004",
         )
     ]
+
+
+@register(Tags.database)
+def check_watermark_triggers(
+    app_configs: Sequence[AppConfig] | None = None,
+    databases: Sequence[str] | None = None,
+    **kwargs: Any,
+) -> list[CheckMessage]:
+    """W005: a FencedModel, Fence or Lock table lacks its watermark trigger.
+
+    A database check: it runs with ``manage.py check --database default``.
+    """
+    from django.db import DatabaseError, connections, router
+
+    from . import watermarks
+
+    messages: list[CheckMessage] = []
+    for alias in databases or ():
+        connection = connections[alias]
+        candidates = [model for model in apps.get_models() if router.allow_migrate_model(alias, model)]
+        try:
+            absent = watermarks.missing(connection, watermarks.watermarks_of(candidates))
+        except DatabaseError:  # not reachable or not migrated yet: migrate installs them
+            continue
+        messages.extend(
+            Warning(
+                f"Table {watermark.table!r} on database {alias!r} has no watermark trigger "
+                f"{'(strict) ' if watermark.strict else ''}as this version of coordination "
+                "defines it: an UPDATE could lower its watermark.",
+                hint=f"Run manage.py migrate --database {alias}: it installs the triggers.",
+                id="coordination.W005",
+            )
+            for watermark in absent
+        )
+    return messages

@@ -137,6 +137,37 @@ class DuplicateWrite(CoordinationError):
         return (type(self), (self.resource, self.token, self.step, self.current_step))
 
 
+class UnfencedWrite(CoordinationError):
+    """A plain write (``save()``, ``update()``, the admin) to a row of a ``fence_strict``
+    model: the database refuses every UPDATE of such a row that does not raise its
+    watermark, so its writes must go through ``fenced_update()`` or ``fenced_save()``.
+
+    ``current_token`` and ``current_step`` are the row's watermark, None when unknown.
+    """
+
+    code = "unfenced_write"
+    status_code = 409
+    default_detail = "This model is fenced strictly: write it with a grant."
+
+    def __init__(
+        self, resource: str, current_token: int | None = None, current_step: int | None = None
+    ) -> None:
+        self.resource = resource
+        self.current_token = current_token
+        self.current_step = current_step
+        watermark = "" if current_token is None else f" (token {current_token}, step {current_step})"
+        super().__init__(
+            f"{resource} is fenced strictly: an UPDATE that does not raise its watermark"
+            f"{watermark} is refused; write it with fenced_update() or fenced_save() under a "
+            "grant of its lock",
+            current_token=current_token,
+            current_step=current_step,
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.resource, self.current_token, self.current_step))
+
+
 class WrongLock(CoordinationError):
     """The grant belongs to another lock key than the one guarding the resource."""
 

@@ -34,12 +34,12 @@ from functools import cache
 from typing import Any, ClassVar, NamedTuple, NoReturn, TypeVar, cast, overload
 
 from django.core.exceptions import FieldDoesNotExist, FieldError, ValidationError
-from django.db import models, transaction
-from django.db.models import Q
+from django.db import DatabaseError, IntegrityError, connections, models, router, transaction
+from django.db.models import F, Q, Value
 from django.db.models.expressions import Expression
 from django.db.models.sql.where import AND
 
-from . import signals
+from . import signals, watermarks
 from .backends import get_backend
 from .conf import app_settings
 from .exceptions import (
@@ -49,6 +49,7 @@ from .exceptions import (
     LeaseLost,
     NoGrant,
     StaleToken,
+    UnfencedWrite,
     WrongLock,
 )
 from .leases import Lease
@@ -67,6 +68,7 @@ from .models import (
 __all__ = [
     "FencedModel",
     "FencedQuerySet",
+    "WatermarkField",
     "WatermarkRaise",
     "fence",
     "idempotent",
@@ -83,6 +85,23 @@ _PLACEHOLDER = re.compile(r"\{(\w+)\}")
 
 class FencedQuerySet(models.QuerySet[_Model]):
     """QuerySet of a :class:`FencedModel`, with the fenced conditional update."""
+
+    def update(self, **kwargs: Any) -> int:
+        """``QuerySet.update()``, with the watermark triggers' refusals named for the row.
+
+        An UPDATE that would lower a row's watermark raises ``StaleToken`` (a lower
+        token) or ``DuplicateWrite`` (a lower step of the same token); one that
+        leaves the watermark of a ``fence_strict`` row where it is raises
+        ``UnfencedWrite``. ``bulk_update()`` goes through here too. The rows are
+        left as they were: the database undoes the whole statement.
+        """
+        try:
+            return super().update(**kwargs)
+        except IntegrityError as error:
+            refused = _explain_refusal(error, self, kwargs)
+            if refused is None:
+                raise
+            raise refused from error
 
     def fenced_update(
         self, grant: Lease | None = None, /, *, step: int | None = None, **values: Any
@@ -251,6 +270,35 @@ def _fence_columns(model: type[models.Model]) -> tuple[str, str]:
     )
 
 
+class WatermarkField(models.BigIntegerField):  # type: ignore[type-arg]
+    """A watermark column: an insert writes it, a plain ``save()`` of an existing row never does.
+
+    On an update, ``pre_save`` returns the column itself (``SET fence = fence``),
+    so a stale instance's ``save()`` keeps the watermark a newer token wrote
+    (rule 8 of docs/rules.md), with or without ``update_fields`` naming it, while
+    the rest of ``save()`` keeps Django's semantics: an instance whose row was
+    deleted is inserted again with its own values. A field rather than an
+    overridden ``save()``: Django asks the field for its value on every path
+    that saves an instance (``save``, ``update_or_create``, the admin), and
+    an override could only drop the columns from ``update_fields``, which turns
+    the insert fallback into an error. Django 6 reads the row's watermark back
+    into the instance (``RETURNING``); on 5.2 the instance keeps the value it
+    was loaded with until ``refresh_from_db()``.
+
+    It deconstructs as a plain ``BigIntegerField``: the column is the same, so
+    no migration of a user's app changes.
+    """
+
+    def pre_save(self, model_instance: models.Model, add: bool) -> Any:
+        if add:
+            return super().pre_save(model_instance, add)
+        return F(self.name)
+
+    def deconstruct(self) -> Any:
+        name, _path, args, kwargs = super().deconstruct()
+        return name, "django.db.models.BigIntegerField", args, kwargs
+
+
 class FencedModel(models.Model):
     """A model whose rows are their own fences.
 
@@ -260,12 +308,21 @@ class FencedModel(models.Model):
     the watermark (BIGINT NOT NULL DEFAULT 0: a NULL would make the first
     comparison UNKNOWN and block every write) and ``fence_step`` numbers the
     writes under one token.
+
+    The watermark never goes back (rule 8 of docs/rules.md): ``save()`` never
+    writes it (:class:`WatermarkField`), and a trigger that ``migrate``
+    installs refuses any UPDATE that lowers it, whatever wrote it
+    (:mod:`coordination.watermarks`). With ``fence_strict = True`` the trigger
+    also refuses every UPDATE that does not raise it, so only ``fenced_update()``
+    and ``fenced_save()`` can change a row; switching it on or off takes effect
+    at the next ``migrate``.
     """
 
-    fence = models.BigIntegerField(default=0, db_default=0, editable=False)
-    fence_step = models.BigIntegerField(default=0, db_default=0, editable=False)
+    fence = WatermarkField(default=0, db_default=0, editable=False)
+    fence_step = WatermarkField(default=0, db_default=0, editable=False)
 
     fence_lock: ClassVar[str]
+    fence_strict: ClassVar[bool] = False
 
     objects = FencedQuerySet.as_manager()
 
@@ -280,10 +337,34 @@ class FencedModel(models.Model):
             ),
         ]
 
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """Django's ``save()``, never writing the watermark of an existing row.
+
+        On a ``fence_strict`` model the database refuses it: ``UnfencedWrite``
+        instead of its ``IntegrityError`` (write such rows with
+        :meth:`fenced_save`). An insert writes the instance's watermark as it is.
+        """
+        try:
+            super().save(*args, **kwargs)
+        except IntegrityError as error:
+            using = kwargs.get("using") or router.db_for_write(type(self), instance=self)
+            rows = type(self)._base_manager.db_manager(using).filter(pk=self.pk)
+            refused = _explain_refusal(error, rows, {})
+            if refused is None:
+                raise
+            raise refused from error
+
     def fenced_save(
         self, grant: Lease | None = None, /, *, fields: Sequence[str], step: int | None = None
     ) -> None:
-        """Write ``fields`` of this instance through ``fenced_update`` and keep its fence."""
+        """Write ``fields`` of this instance with ``grant``'s token, and raise its watermark.
+
+        The one way to save an instance's values under a grant: one
+        ``fenced_update`` of this row with these fields, refused like it
+        (``StaleToken``, ``DuplicateWrite``, ``WrongLock``, ``LeaseLost``,
+        ``DoesNotExist``). Afterwards the instance's ``fence`` and ``fence_step``
+        are the new watermark. ``step`` defaults to the grant's next write number.
+        """
         grant = _resolve_grant(grant)
         write_step = _resolve_step(grant, step)
         manager = type(self)._default_manager.using(self._state.db)
@@ -547,6 +628,66 @@ def raise_fence_to_lock(
 
 
 # --- helpers ------------------------------------------------------------------
+
+
+def _explain_refusal(
+    error: IntegrityError, rows: models.QuerySet[Any, Any], values: Mapping[str, Any]
+) -> CoordinationError | None:
+    """The error to raise for an UPDATE of ``rows`` setting ``values`` that a watermark
+    trigger refused, or None if ``error`` is not such a refusal.
+
+    PostgreSQL's refusal names the row and both watermarks. SQLite's names only
+    the table, so the rows are read again with the values the UPDATE would have
+    set, to find the one refused.
+    """
+    model: Any = rows.model
+    refusal = watermarks.refusal(error)
+    # The watermark's table: a multi-table child keeps it in its parent's.
+    if refusal is None or refusal.table != model._meta.get_field("fence").model._meta.db_table:
+        return None
+    label = model._meta.label_lower
+    old: tuple[int, ...]
+    new: tuple[int, ...]
+    if refusal.old is None:
+        found = _refused_row(rows, values, refusal.strict)
+        if found is None:
+            return None
+        pk, old, new = found
+    else:
+        pk, old, new = refusal.pk, refusal.old, refusal.new or refusal.old
+    if len(old) != 2 or len(new) != 2:
+        return None
+    resource = f"{label}:{pk}"
+    if refusal.strict:
+        return UnfencedWrite(resource, old[0], old[1])
+    # Classified as a fenced write's refusal is: a lower token is stale, a
+    # lower step of the same token a duplicate.
+    explained = _refusal(resource, new[0], new[1], old[0], old[1])
+    return None if explained is None else explained[1]
+
+
+def _refused_row(
+    rows: models.QuerySet[Any, Any], values: Mapping[str, Any], strict: bool
+) -> tuple[Any, tuple[int, int], tuple[int, int]] | None:
+    """(pk, watermark, the watermark the UPDATE would have set) of the first row the
+    trigger refuses: one it would lower, or with ``strict`` one it would leave as is."""
+    new: dict[str, Any] = {}
+    for name in ("fence", "fence_step"):
+        value = values.get(name, F(name))
+        if not hasattr(value, "resolve_expression"):
+            value = Value(value, output_field=models.BigIntegerField())
+        new[f"_coordination_new_{name}"] = value
+    with watermarks.readable_after_refusal(rows.db):
+        try:
+            found = list(
+                rows.annotate(**new).values_list("pk", "fence", "fence_step", *new)
+            )
+        except DatabaseError:  # pragma: no cover  (the explanation is best effort)
+            return None
+    for pk, fence, step, new_fence, new_step in found:
+        if (new_fence, new_step) < (fence, step) or (strict and (new_fence, new_step) == (fence, step)):
+            return pk, (fence, step), (new_fence, new_step)
+    return None
 
 
 def _refusal(

@@ -1,9 +1,11 @@
 from django.contrib import admin
 
+from coordination.admin import FencedModelAdmin
+
 from .models import Account
 
 
 @admin.register(Account)
-class AccountAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class AccountAdmin(FencedModelAdmin):
     list_display = ["id", "owner", "balance", "fence", "fence_step"]
     readonly_fields = ["fence", "fence_step"]

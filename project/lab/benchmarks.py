@@ -34,7 +34,7 @@ from typing import Any
 from django.apps import apps
 from django.db import connections, models, transaction
 
-from coordination import locks
+from coordination import locks, watermarks
 from coordination.backends import postgresql
 from coordination.conf import app_settings
 from coordination.exceptions import LockHeld
@@ -131,6 +131,8 @@ def bench_database(database: str | None = None, *, keep: bool = False) -> Iterat
         with connections[BENCH_ALIAS].schema_editor() as editor:
             for model in bench_models():
                 editor.create_model(model)
+        # As migrate leaves a real schema: the watermark triggers are part of what a write costs.
+        watermarks.install_for_models(connections[BENCH_ALIAS], bench_models())
         if vendor == "postgresql":
             postgresql.install_for_models(connections[BENCH_ALIAS])
             with connections[BENCH_ALIAS].cursor() as cursor:

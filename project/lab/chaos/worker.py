@@ -205,7 +205,7 @@ class Worker:
             if self.fencing:
                 rows.fenced_update(grant, step=step, balance=value)
             else:
-                rows.update(balance=value, fence=grant.token, fence_step=step)
+                rows.update(balance=value, **unchecked_watermark("fence", "fence_step", grant.token, step))
             return {}
 
         self.perform("write", self.write_fields(grant, f"account:{pk}", step, value), write)
@@ -235,7 +235,9 @@ class Worker:
             return {}
         with transaction.atomic():
             Fence.objects.get_or_create(resource=resource, defaults={"lock_key": grant.key})
-            Fence.objects.filter(resource=resource).update(token=grant.token, step=step)
+            Fence.objects.filter(resource=resource).update(
+                **unchecked_watermark("token", "step", grant.token, step)
+            )
             IdempotencyRecord.objects.update_or_create(
                 key=record, defaults={"result": {"value": value}, "completed": True}
             )
@@ -258,13 +260,34 @@ class Worker:
                 return {}
             with transaction.atomic():
                 row, _ = Fence.objects.get_or_create(resource=resource, defaults={"lock_key": grant.key})
-                Fence.objects.filter(pk=row.pk).update(token=grant.token, step=step)
+                Fence.objects.filter(pk=row.pk).update(
+                    **unchecked_watermark("token", "step", grant.token, step)
+                )
                 Document.objects.update_or_create(
                     name=name, defaults={"fence": row, "data": {"value": value}}
                 )
             return {}
 
         self.perform("write", self.write_fields(grant, resource, step, value), write)
+
+
+def unchecked_watermark(token_field: str, step_field: str, token: int, step: int) -> dict[str, Any]:
+    """The watermark a write without fencing leaves: its own (token, step), or the
+    higher one already there.
+
+    Such a writer writes its data whatever the watermark says, but it cannot
+    lower the watermark: the database refuses that (rule 8 of docs/rules.md).
+    A SET sees the row as it was, so both columns compare the same old pair.
+    """
+    from django.db.models import BigIntegerField, Case, F, Q, Value, When
+
+    raises = Q(**{f"{token_field}__lt": token}) | Q(**{token_field: token, f"{step_field}__lt": step})
+    return {
+        field: Case(
+            When(raises, then=Value(value)), default=F(field), output_field=BigIntegerField()
+        )
+        for field, value in ((token_field, token), (step_field, step))
+    }
 
 
 def die_with_parent() -> None:
