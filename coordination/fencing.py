@@ -34,7 +34,7 @@ from functools import cache
 from typing import Any, ClassVar, NamedTuple, NoReturn, TypeVar, cast, overload
 
 from django.core.exceptions import FieldDoesNotExist, FieldError, ValidationError
-from django.db import DatabaseError, IntegrityError, connections, models, router, transaction
+from django.db import DatabaseError, IntegrityError, models, router, transaction
 from django.db.models import F, Q, Value
 from django.db.models.expressions import Expression
 from django.db.models.sql.where import AND
