@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -59,7 +60,7 @@ def check_database(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
                 Error(
                     f"SQLite database {alias!r} (the grant point's, COORDINATION['DATABASE']) does not "
                     "use IMMEDIATE transactions: concurrent grants fail with 'database is locked'.",
-                    hint=f'Set DATABASES["{alias}"]["OPTIONS"] = {SQLITE_OPTIONS!r} '
+                    hint=f'Set DATABASES["{alias}"]["OPTIONS"] = {json.dumps(SQLITE_OPTIONS)} '
                     "(IMMEDIATE takes the write lock before the token counter is read; "
                     "the timeout lets a grant wait its turn; WAL keeps readers unblocked).",
                     id="coordination.E004",

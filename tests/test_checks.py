@@ -59,7 +59,7 @@ def test_sqlite_without_immediate_transactions_is_e004_naming_the_options() -> N
         (message,) = checks.check_database()
     assert message.id == "coordination.E004"
     assert message.level == ERROR
-    assert """DATABASES["default"]["OPTIONS"] = {'transaction_mode': 'IMMEDIATE'""" in message.hint
+    assert 'DATABASES["default"]["OPTIONS"] = {"transaction_mode": "IMMEDIATE", "timeout": 30' in message.hint
 
 
 def test_e004_names_the_grant_points_database_not_the_default() -> None:

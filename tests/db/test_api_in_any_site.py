@@ -101,7 +101,10 @@ def test_docs_pages_never_load_from_a_cdn(path: str) -> None:
     assert page.status_code == 200
     html = page.content.decode()
     assert "/static/drf_spectacular_sidecar/" in html
-    assert "cdn" not in html.lower()
+    # Not a bare "cdn": the page's random CSRF token (letters and digits) holds one now and then.
+    assert "cdn." not in html.lower()
+    assert "jsdelivr" not in html.lower()
+    assert "https://" not in html
 
 
 @pytest.mark.parametrize("path", ["/api/docs/", "/api/docs/redoc/"])
