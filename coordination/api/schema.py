@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import wraps
 from typing import Any
 
 from django.apps import apps
@@ -121,6 +122,7 @@ def docs_page(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
     page answers 404 and says what to install.
     """
 
+    @wraps(view)
     def page(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         if not apps.is_installed(DOCS_APP):
             return HttpResponseNotFound(
@@ -137,6 +139,4 @@ def docs_page(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
             return redirect_to_login(request.get_full_path(), resolve_url(login_url))
         return view(request, *args, **kwargs)
 
-    page.__name__ = getattr(view, "__name__", "docs_page")
-    page.__doc__ = view.__doc__
     return page
