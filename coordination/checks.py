@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from django.apps import AppConfig, apps
@@ -16,9 +18,18 @@ from .conf import DEFAULTS, app_settings
 SUPPORTED_VENDORS = {"postgresql", "sqlite"}
 
 
-@register(Tags.database, Tags.compatibility)
+# Checks that read only settings and code are registered without the ``database``
+# tag, so plain ``manage.py check``, ``runserver``, ``migrate`` and a fenced Celery
+# worker's start run them (Django runs database-tagged checks only when asked to
+# with ``check --database``). Only W004 reads the database.
+
+SQLITE_OPTIONS = {"transaction_mode": "IMMEDIATE", "timeout": 30, "init_command": "PRAGMA journal_mode=WAL;"}
+
+
+@register(Tags.compatibility)
 def check_database(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
-    """E001: the coordination alias must be PostgreSQL or SQLite; W001: SQLite needs IMMEDIATE."""
+    """E001: the grant point's database must be PostgreSQL or SQLite; E004: SQLite needs
+    IMMEDIATE transactions; W002: ATOMIC_REQUESTS on it."""
     messages: list[CheckMessage] = []
     alias = app_settings.DATABASE
     config = settings.DATABASES.get(alias)
@@ -26,6 +37,7 @@ def check_database(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
         return [
             Error(
                 f"COORDINATION['DATABASE'] names {alias!r}, which is not in DATABASES.",
+                hint="Name a DATABASES alias (default: 'default').",
                 id="coordination.E001",
             )
         ]
@@ -42,12 +54,17 @@ def check_database(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
     if vendor == "sqlite":
         mode = str(config.get("OPTIONS", {}).get("transaction_mode", "")).upper()
         if mode not in {"IMMEDIATE", "EXCLUSIVE"}:
+            # A deferred transaction reads the token counter under a shared lock and
+            # fails to upgrade it when another writer got there first: under load most
+            # grants then fail with "database is locked" instead of waiting their turn.
             messages.append(
-                Warning(
-                    f"SQLite database {alias!r} does not use IMMEDIATE transactions.",
-                    hint='Set DATABASES[...]["OPTIONS"]["transaction_mode"] = "IMMEDIATE" so '
-                    "grant-point transactions take the write lock before reading the counter.",
-                    id="coordination.W001",
+                Error(
+                    f"SQLite database {alias!r} (the grant point's, COORDINATION['DATABASE']) does not "
+                    "use IMMEDIATE transactions: concurrent grants fail with 'database is locked'.",
+                    hint=f'Set DATABASES["{alias}"]["OPTIONS"] = {json.dumps(SQLITE_OPTIONS)} '
+                    "(IMMEDIATE takes the write lock before the token counter is read; "
+                    "the timeout lets a grant wait its turn; WAL keeps readers unblocked).",
+                    id="coordination.E004",
                 )
             )
     if config.get("ATOMIC_REQUESTS"):
@@ -61,6 +78,79 @@ def check_database(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
             )
         )
     return messages
+
+
+API_URLCONF = "coordination.api.urls"
+# The apps the REST API needs when the site's URLs include it, with the check id
+# and what fails without each.
+API_APPS = [
+    ("rest_framework", "coordination.E020", "Django REST framework, which the API is built on"),
+    (
+        "rest_framework.authtoken",
+        "coordination.E021",
+        "the Token model behind 'Authorization: Token ...' (without it every token request is a "
+        "server error)",
+    ),
+    ("drf_spectacular", "coordination.E022", "the OpenAPI schema and the templates of the docs pages"),
+]
+
+
+@register(Tags.compatibility)
+def check_api_apps(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    """E020-E022: apps the REST API needs; W020: the docs pages' assets app.
+
+    Only when the site's ROOT_URLCONF includes ``coordination.api.urls``: a site
+    that uses the Python API and Celery alone needs none of them.
+    """
+    if not api_is_mounted():
+        return []
+    messages: list[CheckMessage] = []
+    for app, check_id, what in API_APPS:
+        if not apps.is_installed(app):
+            messages.append(
+                Error(
+                    f"The site's URLs include {API_URLCONF}, but {app!r} is not in INSTALLED_APPS: "
+                    f"it provides {what}.",
+                    hint=f'Add "{app}" to INSTALLED_APPS (the REST API needs "rest_framework", '
+                    '"rest_framework.authtoken" and "drf_spectacular"), then run migrate.',
+                    id=check_id,
+                )
+            )
+    if not apps.is_installed("drf_spectacular_sidecar"):
+        missing = "is not installed" if importlib.util.find_spec("drf_spectacular_sidecar") is None else (
+            "is installed but not in INSTALLED_APPS"
+        )
+        messages.append(
+            Warning(
+                f"drf_spectacular_sidecar {missing}: the API docs pages (docs/ and docs/redoc/ under "
+                "the API) answer 404, because they load their JavaScript and CSS only from it, "
+                "never from a CDN. The API and its schema work without it.",
+                hint="pip install 'django-coordination[api-docs]' and add \"drf_spectacular_sidecar\" "
+                "to INSTALLED_APPS (or silence coordination.W020 if you do not want the docs pages).",
+                id="coordination.W020",
+            )
+        )
+    return messages
+
+
+def api_is_mounted() -> bool:
+    """Whether the site's ROOT_URLCONF includes the REST API's URLs (at any depth)."""
+    from django.urls import URLResolver, get_resolver
+
+    def includes(patterns: Iterable[Any]) -> bool:
+        for pattern in patterns:
+            if isinstance(pattern, URLResolver):
+                module = getattr(pattern.urlconf_module, "__name__", pattern.urlconf_name)
+                if module == API_URLCONF or includes(pattern.url_patterns):
+                    return True
+        return False
+
+    try:
+        return includes(get_resolver().url_patterns)
+    except Exception:
+        # A URLconf that does not import is Django's own check (urls.E0xx) to
+        # report; this check has nothing to add to it.
+        return False
 
 
 @register(Tags.models)
@@ -100,7 +190,7 @@ def check_fenced_models(
 
 @register()
 def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
-    """E003: unknown or inconsistent COORDINATION settings; E004: an unknown GRANT_POINT."""
+    """E003: unknown or inconsistent COORDINATION settings; E005: an unknown GRANT_POINT."""
     user = getattr(settings, "COORDINATION", {}) or {}
     unknown = sorted(set(user) - set(DEFAULTS))
     if unknown:
@@ -119,7 +209,7 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
                 hint="Use None or 'auto' (the database's own grant point: PostgreSQL functions, "
                 "SQLite IMMEDIATE transactions) or 'orm' (the portable select_for_update "
                 "transaction, for a database where the app may not create functions).",
-                id="coordination.E004",
+                id="coordination.E005",
             )
         ]
     if not 0 < values["MIN_TTL"] <= values["DEFAULT_TTL"] <= values["MAX_TTL"]:
@@ -166,6 +256,35 @@ def check_celery_visibility_timeout(
             hint="Raise CELERY_BROKER_TRANSPORT_OPTIONS['visibility_timeout'] above MAX_TTL, "
             "or lower COORDINATION['MAX_TTL'].",
             id="coordination.W003",
+        )
+    ]
+
+
+# Broker schemes whose kombu transport needs a client library Celery does not
+# install by itself, and the package that provides it.
+_BROKER_CLIENTS = {"redis": "redis", "rediss": "redis", "sentinel": "redis"}
+
+
+@register(Tags.compatibility)
+def check_celery_broker_client(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """E023: the Celery broker is Redis, and the ``redis`` client is not installed.
+
+    ``pip install celery`` alone does not bring it: a worker then fails at start
+    and every ``delay()`` fails with a server error.
+    """
+    broker_url, _ = _celery_broker_settings()
+    scheme = broker_url.split("://", 1)[0].split("+", 1)[0].lower() if "://" in broker_url else ""
+    package = _BROKER_CLIENTS.get(scheme)
+    if package is None or importlib.util.find_spec(package) is not None:
+        return []
+    return [
+        Error(
+            f"The Celery broker is {scheme}://, but the {package!r} package is not installed.",
+            hint="pip install 'django-coordination[celery]' (it pulls celery[redis]), "
+            "or pip install 'celery[redis]'.",
+            id="coordination.E023",
         )
     ]
 

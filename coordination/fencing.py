@@ -26,6 +26,7 @@ Every refusal is recorded as a :class:`~coordination.models.Rejection`.
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -34,6 +35,7 @@ from functools import cache
 from typing import Any, ClassVar, NamedTuple, NoReturn, TypeVar, cast, overload
 
 from django.core.exceptions import FieldDoesNotExist, FieldError, ValidationError
+from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DatabaseError, IntegrityError, models, router, transaction
 from django.db.models import F, Q, Value
 from django.db.models.expressions import Expression
@@ -505,9 +507,17 @@ def idempotent(key: str, operation: Callable[[], T], *, using: str | None = None
 
     For same-token retries (rule 10 of docs/rules.md): the operation and the stored result
     commit in one transaction, so either both happen or neither does. A
-    concurrent retry waits for the first to finish, then gets its result. The
-    result must be JSON-serialisable; a retry gets it back as decoded JSON.
-    An operation that raises stores nothing, so it may be retried.
+    concurrent retry waits for the first to finish, then gets its result.
+
+    The result is stored as JSON through Django's ``DjangoJSONEncoder``: besides
+    JSON's own types, ``Decimal``, ``datetime``/``date``/``time``, ``timedelta``,
+    ``UUID`` and lazy strings. The first call returns the operation's result
+    unchanged; a retry gets the JSON-decoded form (a ``Decimal`` as a string
+    like ``"12.50"``, a datetime as an ISO 8601 string, a tuple as a list).
+    A result it cannot store (another type, NaN or infinity, a string with NUL)
+    raises :class:`InvalidInput` and nothing is stored: the record and the
+    operation's own database writes roll back together. An operation that
+    raises stores nothing either, so it may be retried.
     """
     if not isinstance(key, str) or not key or len(key) > 255:
         raise InvalidInput("idempotency key must be 1 to 255 characters")
@@ -521,9 +531,26 @@ def idempotent(key: str, operation: Callable[[], T], *, using: str | None = None
         if record.completed:
             return cast(T, record.result)
         result = operation()
-        record.result, record.completed = result, True
+        record.result, record.completed = _storable_result(key, result), True
         record.save(update_fields=["result", "completed"])
         return result
+
+
+def _storable_result(key: str, result: object) -> Any:
+    """``result`` as plain JSON values, or InvalidInput naming what cannot be stored."""
+    try:
+        text = json.dumps(result, cls=DjangoJSONEncoder, allow_nan=False)
+    except (TypeError, ValueError) as error:  # unknown type, NaN/Infinity, a cycle
+        raise InvalidInput(
+            f"idempotent({key!r}): the result cannot be stored as JSON ({error}). Return JSON "
+            "values, or what DjangoJSONEncoder encodes (Decimal, datetime, UUID...)."
+        ) from None
+    # PostgreSQL's jsonb cannot hold U+0000; refused here rather than as a database
+    # error. In the JSON text a NUL is the escape \\u0000; literal backslashes are
+    # escaped as pairs, dropped first so that a string holding "\\u0000" passes.
+    if "\\u0000" in text.replace("\\\\", ""):
+        raise InvalidInput(f"idempotent({key!r}): the result contains a NUL character (\\u0000).")
+    return json.loads(text)
 
 
 def record_rejection(

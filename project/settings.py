@@ -150,26 +150,10 @@ CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 
 # --- REST framework ---------------------------------------------------------
-REST_FRAMEWORK = {
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    # The coordination API sets its own auth, permissions, throttle and error
-    # shape per view; these defaults cover any other DRF view of the site.
-    "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
-        "rest_framework.authentication.SessionAuthentication",
-    ],
-    "EXCEPTION_HANDLER": "coordination.api.exceptions.exception_handler",
-}
-SPECTACULAR_SETTINGS = {
-    "TITLE": "coordination",
-    "DESCRIPTION": "Lease locks with fencing tokens, fences and a fenced document store.",
-    "VERSION": "0.1.0",
-    "SERVE_INCLUDE_SCHEMA": False,
-    # Swagger UI and Redoc assets from drf-spectacular-sidecar: no CDN.
-    "SWAGGER_UI_DIST": "SIDECAR",
-    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
-    "REDOC_DIST": "SIDECAR",
-}
+# No REST_FRAMEWORK or SPECTACULAR_SETTINGS here: the coordination API sets its
+# own authentication, permissions, schema class, renderers and error shape per
+# view, and serves its docs' assets from drf_spectacular_sidecar, as it must in
+# any site that installs it.
 
 # --- coordination -----------------------------------------------------------
 COORDINATION: dict[str, Any] = {

@@ -488,7 +488,9 @@ def test_interactive_docs_serve_their_assets_locally(path: str) -> None:
     assert page.status_code == 200
     html = page.content.decode()
     assert "/static/drf_spectacular_sidecar/" in html
-    assert "cdn" not in html.lower()
+    # Not a bare "cdn": the page's random CSRF token (letters and digits) holds one now and then.
+    assert "cdn." not in html.lower()
+    assert "jsdelivr" not in html.lower()
     assert "https://" not in html
 
 

@@ -222,3 +222,21 @@ def test_checks_warn_about_eager_mode_and_green_pools() -> None:
     with override_settings(CELERY_TASK_ALWAYS_EAGER=False, CELERY_WORKER_POOL="prefork"):
         ids = {message.id for message in run_checks()}
     assert not {"coordination.W010", "coordination.W011"} & ids
+
+
+def test_a_worker_does_not_start_on_a_coordination_error_and_names_it() -> None:
+    from coordination.contrib.celery import check_at_worker_start
+
+    sqlite = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": "x.sqlite3"}}
+    with override_settings(DATABASES=sqlite), pytest.raises(SystemExit) as stopped:
+        check_at_worker_start()
+    assert "coordination.E004" in str(stopped.value)
+    assert '"transaction_mode": "IMMEDIATE"' in str(stopped.value)
+
+
+def test_a_worker_starts_on_warnings_and_logs_them(caplog: pytest.LogCaptureFixture) -> None:
+    from coordination.contrib.celery import check_at_worker_start
+
+    with override_settings(CELERY_TASK_ALWAYS_EAGER=True):
+        check_at_worker_start()
+    assert "coordination.W010" in caplog.text

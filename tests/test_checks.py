@@ -6,6 +6,7 @@ from io import StringIO
 from typing import Any
 
 import pytest
+from django.core.checks import ERROR, WARNING
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.db import connection, models
@@ -33,7 +34,7 @@ def databases(**default: Any) -> dict[str, Any]:
     return {"default": default}
 
 
-# --- E001 / W001 / W002: the coordination database ----------------------------
+# --- E001 / E004 / W002: the coordination database ----------------------------
 
 
 def test_postgresql_without_atomic_requests_passes() -> None:
@@ -53,9 +54,28 @@ def test_coordination_alias_missing_from_databases_is_e001() -> None:
     assert "'locks'" in messages[0].msg
 
 
-def test_sqlite_without_immediate_transactions_is_w001() -> None:
+def test_sqlite_without_immediate_transactions_is_e004_naming_the_options() -> None:
     with override_settings(DATABASES=databases(**SQLITE)):
-        assert ids(checks.check_database()) == ["coordination.W001"]
+        (message,) = checks.check_database()
+    assert message.id == "coordination.E004"
+    assert message.level == ERROR
+    assert 'DATABASES["default"]["OPTIONS"] = {"transaction_mode": "IMMEDIATE", "timeout": 30' in message.hint
+
+
+def test_e004_names_the_grant_points_database_not_the_default() -> None:
+    config = {"default": {**POSTGRES}, "locks": {**SQLITE}}
+    with override_settings(DATABASES=config, COORDINATION={"DATABASE": "locks"}):
+        (message,) = checks.check_database()
+    assert message.id == "coordination.E004"
+    assert "'locks'" in message.msg
+    assert 'DATABASES["locks"]["OPTIONS"]' in message.hint
+
+
+def test_database_checks_run_under_plain_check() -> None:
+    # Not tagged "database": plain `check` (and runserver, and a worker's start) runs them.
+    with override_settings(DATABASES=databases(**SQLITE)), pytest.raises(SystemCheckError) as raised:
+        call_command("check", stdout=StringIO(), stderr=StringIO())
+    assert "coordination.E004" in str(raised.value)
 
 
 def test_sqlite_with_immediate_transactions_passes() -> None:
@@ -67,6 +87,73 @@ def test_sqlite_with_immediate_transactions_passes() -> None:
 def test_atomic_requests_on_the_coordination_database_is_w002() -> None:
     with override_settings(DATABASES=databases(**POSTGRES, ATOMIC_REQUESTS=True)):
         assert ids(checks.check_database()) == ["coordination.W002"]
+
+
+# --- E020-E022 / W020: the apps the REST API needs ------------------------------
+
+SITE_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "coordination",
+]
+API_APPS = ["rest_framework", "rest_framework.authtoken", "drf_spectacular", "drf_spectacular_sidecar"]
+
+
+def without(*missing: str) -> list[str]:
+    return [app for app in SITE_APPS + API_APPS if app not in missing]
+
+
+def test_the_test_site_mounts_the_api() -> None:
+    assert checks.api_is_mounted()
+
+
+@pytest.mark.parametrize(
+    ("missing", "expected"),
+    [
+        ("rest_framework", "coordination.E020"),
+        ("rest_framework.authtoken", "coordination.E021"),
+        ("drf_spectacular", "coordination.E022"),
+    ],
+)
+def test_an_api_app_missing_from_installed_apps_is_an_error_naming_it(missing: str, expected: str) -> None:
+    with override_settings(INSTALLED_APPS=without(missing)):
+        (message,) = checks.check_api_apps()
+    assert message.id == expected
+    assert message.level == ERROR
+    assert repr(missing) in message.msg
+    assert f'Add "{missing}" to INSTALLED_APPS' in message.hint
+
+
+def test_only_coordination_installed_names_every_missing_api_app() -> None:
+    # What the README used to say: "add coordination to INSTALLED_APPS".
+    with override_settings(INSTALLED_APPS=SITE_APPS):
+        assert ids(checks.check_api_apps()) == [
+            "coordination.E020", "coordination.E021", "coordination.E022", "coordination.W020",
+        ]
+
+
+def test_docs_assets_app_missing_is_w020_naming_the_extra() -> None:
+    with override_settings(INSTALLED_APPS=without("drf_spectacular_sidecar")):
+        (message,) = checks.check_api_apps()
+    assert message.id == "coordination.W020"
+    assert message.level == WARNING
+    assert "is installed but not in INSTALLED_APPS" in message.msg
+    assert "django-coordination[api-docs]" in message.hint
+
+
+def test_a_site_without_the_api_urls_needs_no_api_apps() -> None:
+    with override_settings(INSTALLED_APPS=SITE_APPS, ROOT_URLCONF="tests.support.urls_without_api"):
+        assert not checks.api_is_mounted()
+        assert checks.check_api_apps() == []
+
+
+def test_api_urls_included_at_any_depth_count() -> None:
+    with override_settings(ROOT_URLCONF="tests.support.urls_api_nested"):
+        assert checks.api_is_mounted()
 
 
 # --- E002: FencedModel declares its lock --------------------------------------
@@ -160,6 +247,27 @@ def test_w003_names_both_numbers_and_the_fix() -> None:
     assert "visibility_timeout=600 s" in message.msg
     assert "MAX_TTL']=3600 s" in message.msg
     assert "visibility_timeout" in message.hint
+
+
+# --- E023: a Redis broker needs the redis client ---------------------------------
+
+
+def test_redis_broker_without_the_redis_package_is_e023(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_find_spec = checks.importlib.util.find_spec
+
+    def find_spec(name: str, *args: Any) -> Any:
+        return None if name == "redis" else real_find_spec(name, *args)
+
+    monkeypatch.setattr(checks.importlib.util, "find_spec", find_spec)
+    with override_settings(CELERY_BROKER_URL="redis://localhost:6379/0"):
+        (message,) = checks.check_celery_broker_client()
+    assert message.id == "coordination.E023"
+    assert "django-coordination[celery]" in message.hint
+
+
+def test_redis_broker_with_the_redis_package_passes() -> None:
+    with override_settings(CELERY_BROKER_URL="redis://localhost:6379/0"):
+        assert checks.check_celery_broker_client() == []
 
 
 # --- W004: tokens approaching 2**63 (a database check) ---------------------------

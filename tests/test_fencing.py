@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import uuid
 from decimal import Decimal
 from unittest import mock
 
@@ -323,6 +325,52 @@ def test_idempotent_operation_that_fails_stores_nothing() -> None:
         fencing.idempotent("k", boom)
     assert not IdempotencyRecord.objects.exists()
     assert fencing.idempotent("k", lambda: 3) == 3
+
+
+def test_idempotent_stores_what_djangos_json_encoder_can_and_a_retry_gets_the_decoded_form() -> None:
+    settled_at = dt.datetime(2026, 3, 1, 12, 30, tzinfo=dt.UTC)
+    receipt = uuid.UUID("12345678-1234-5678-1234-567812345678")
+    result = {"balance": Decimal("12.50"), "at": settled_at, "receipt": receipt, "legs": (1, 2)}
+
+    first = fencing.idempotent("settle:1", lambda: result)
+    retry = fencing.idempotent("settle:1", lambda: pytest.fail("a retry must not run again"))
+
+    assert first is result
+    assert retry == {
+        "balance": "12.50", "at": "2026-03-01T12:30:00Z", "receipt": str(receipt), "legs": [1, 2],
+    }
+
+
+@pytest.mark.parametrize(
+    ("result", "named"),
+    [
+        (object(), "not JSON serializable"),
+        ({"ratio": float("nan")}, "not JSON compliant"),
+        ("a\x00b", "NUL"),
+    ],
+)
+@pytest.mark.django_db(transaction=True)
+def test_idempotent_result_it_cannot_store_is_invalid_input_and_nothing_is_stored(
+    result: object, named: str
+) -> None:
+    account = AccountFactory(balance=0)
+    grant = locks.acquire(f"account:{account.pk}", holder="a", ttl=5)
+
+    def settle() -> object:
+        Account.objects.filter(pk=account.pk).fenced_update(grant, step=1, balance=50)
+        return result
+
+    with pytest.raises(InvalidInput, match=named):
+        fencing.idempotent("settle:1", settle)
+
+    assert not IdempotencyRecord.objects.exists()
+    account.refresh_from_db()
+    assert (account.balance, account.fence) == (0, 0)  # the operation's write rolled back too
+
+
+def test_idempotent_keeps_a_literal_backslash_u0000_text() -> None:
+    assert fencing.idempotent("k", lambda: "C:\\u0000") == "C:\\u0000"
+    assert fencing.idempotent("k", lambda: None) == "C:\\u0000"
 
 
 # --- rejections outlive the refused transaction ---------------------------------

@@ -15,6 +15,7 @@ from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.http import Http404
 from rest_framework import exceptions
 from rest_framework.response import Response
+from rest_framework.settings import api_settings
 
 from ..exceptions import CoordinationError, InvalidInput, LockHeld
 
@@ -82,7 +83,13 @@ def _coordination_response(exc: CoordinationError) -> Response:
 
 def _field_errors(detail: Any) -> dict[str, Any]:
     if isinstance(detail, Mapping):
-        return {str(name): _messages(value) for name, value in detail.items()}
+        # DRF files errors about the whole body under the site's NON_FIELD_ERRORS_KEY;
+        # this API documents them as "non_field_errors" in every site.
+        site_key = api_settings.NON_FIELD_ERRORS_KEY
+        return {
+            "non_field_errors" if name == site_key else str(name): _messages(value)
+            for name, value in detail.items()
+        }
     return {"non_field_errors": _messages(detail)}
 
 

@@ -6,27 +6,12 @@ Paths have no trailing slash except the collections (``locks/``, ``fences/``,
 
 from __future__ import annotations
 
-from django.contrib.auth.decorators import login_required
 from django.urls import path, re_path
-from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
-from rest_framework.authentication import SessionAuthentication, TokenAuthentication
-from rest_framework.permissions import IsAuthenticated
 
 from . import views
-from .exceptions import exception_handler
+from .schema import DocsView, RedocView, SchemaView, docs_page
 
 app_name = "coordination_api"
-
-
-class SchemaView(SpectacularAPIView):
-    """The OpenAPI 3 schema, for authenticated users (token or session)."""
-
-    authentication_classes = [TokenAuthentication, SessionAuthentication]
-    permission_classes = [IsAuthenticated]
-
-    def get_exception_handler(self):  # type: ignore[no-untyped-def]
-        return exception_handler
-
 
 urlpatterns = [
     path("locks/", views.LockListView.as_view(), name="lock-list"),
@@ -40,30 +25,9 @@ urlpatterns = [
     path("documents/<str:name>", views.DocumentView.as_view(), name="document"),
     path("rejections/", views.RejectionListView.as_view(), name="rejection-list"),
     path("schema/", SchemaView.as_view(), name="schema"),
-    # The interactive docs are for people in a browser: log in (admin) first. Their
-    # JavaScript and CSS come from drf-spectacular-sidecar, served locally.
-    path(
-        "docs/",
-        login_required(
-            SpectacularSwaggerView.as_view(
-                url_name="coordination_api:schema",
-                authentication_classes=[SessionAuthentication],
-                permission_classes=[IsAuthenticated],
-            )
-        ),
-        name="docs",
-    ),
-    path(
-        "docs/redoc/",
-        login_required(
-            SpectacularRedocView.as_view(
-                url_name="coordination_api:schema",
-                template_name="coordination/api/redoc.html",
-                authentication_classes=[SessionAuthentication],
-                permission_classes=[IsAuthenticated],
-            )
-        ),
-        name="redoc",
-    ),
+    # The interactive docs are for people in a browser: log in first. Their JavaScript
+    # and CSS come from drf-spectacular-sidecar (the [api-docs] extra), served locally.
+    path("docs/", docs_page(DocsView.as_view()), name="docs"),
+    path("docs/redoc/", docs_page(RedocView.as_view()), name="redoc"),
     re_path(r"^(?P<rest>.*)$", views.no_endpoint, name="no-endpoint"),
 ]

@@ -5,6 +5,12 @@ Every view authenticates (token first, so an anonymous request gets 401 with
 ``WWW-Authenticate: Token``), checks the Django permission of its action,
 throttles per user, accepts only strict JSON and answers refusals with
 ``{"code", "detail", ...}``.
+
+The views set every policy DRF would otherwise take from the site's
+``REST_FRAMEWORK`` setting (authentication, permissions, throttling, parsers,
+renderers, content negotiation, versioning, filtering, pagination, the schema
+class and the exception handler), so the API behaves as documented in any site,
+whatever its own DRF defaults are.
 """
 
 from __future__ import annotations
@@ -12,16 +18,20 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from django.db import transaction
 from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponsePermanentRedirect, JsonResponse
 from django.urls import Resolver404, resolve
 from django.utils.decorators import method_decorator
+from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import generics, serializers, status
 from rest_framework.authentication import SessionAuthentication, TokenAuthentication
+from rest_framework.filters import BaseFilterBackend
+from rest_framework.metadata import SimpleMetadata
+from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.pagination import PageNumberPagination
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
@@ -73,6 +83,26 @@ _ERRORS = {
     415: "unsupported_media_type",
     429: "throttled (see Retry-After)",
 }
+
+
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def operation(**details: Any) -> Callable[[_Method], _Method]:
+    """``extend_schema`` for a view method, extending drf-spectacular's ``AutoSchema``.
+
+    drf-spectacular bases a method's schema on the site's ``DEFAULT_SCHEMA_CLASS``
+    when the method names none, and DRF's default there is not a class it can
+    use: the schema would fail with a server error in a site that does not set
+    it. ``extend_schema`` looks at the method's ``schema`` attribute first.
+    """
+    annotate = extend_schema(**details)
+
+    def decorator(method: _Method) -> _Method:
+        setattr(method, "schema", AutoSchema)  # noqa: B010  (an attribute of a function)
+        return annotate(method)
+
+    return decorator
 
 
 def _errors(*statuses: int) -> dict[int, OpenApiResponse]:
@@ -127,14 +157,33 @@ class Pagination(PageNumberPagination):
         return super().get_page_size(request)
 
 
+class APIJSONRenderer(JSONRenderer):
+    """Compact UTF-8 JSON, never NaN: fixed here, not read from the site's ``REST_FRAMEWORK``."""
+
+    ensure_ascii = False
+    compact = True
+    strict = True
+
+
 class CoordinationView(APIView):
-    """What every coordination endpoint shares: auth, permissions, throttling, strict JSON."""
+    """What every coordination endpoint shares: auth, permissions, throttling, strict JSON.
+
+    Each policy is set here rather than inherited from ``REST_FRAMEWORK``: a site
+    whose defaults are, say, basic auth, ``IsAdminUser``, form parsers, URL path
+    versioning or DRF's own schema class must not change what this API does.
+    """
 
     authentication_classes = [TokenAuthentication, SessionAuthentication]
     permission_classes = [ActionPermission]
     throttle_classes = [UserThrottle]
     parser_classes = [StrictJSONParser]
-    renderer_classes = [JSONRenderer]
+    renderer_classes = [APIJSONRenderer]
+    content_negotiation_class = DefaultContentNegotiation
+    metadata_class = SimpleMetadata
+    versioning_class = None
+    # drf-spectacular's inspector on every view, so /api/schema/ works without the
+    # site setting DEFAULT_SCHEMA_CLASS (DRF's default class breaks the generator).
+    schema = AutoSchema()
     required_permissions: dict[str, str] = {}
 
     def get_exception_handler(self) -> Callable[..., Response | None]:
@@ -143,6 +192,9 @@ class CoordinationView(APIView):
 
 class CoordinationListView(CoordinationView, generics.ListAPIView):  # type: ignore[type-arg]
     pagination_class = Pagination
+    # The lists filter through their documented query parameters only; a site's
+    # DEFAULT_FILTER_BACKENDS (ordering, search, django-filter) does not apply.
+    filter_backends: list[type[BaseFilterBackend]] = []
 
 
 # The grant point refuses to run inside a transaction, so these views must not be
@@ -163,7 +215,7 @@ class LockListView(CoordinationListView):
     def get_queryset(self) -> QuerySet[Lock]:
         return Lock.objects.with_state().order_by("key")
 
-    @extend_schema(operation_id="locks_list", responses={200: LockSerializer(many=True), **_errors(404)})
+    @operation(operation_id="locks_list", responses={200: LockSerializer(many=True), **_errors(404)})
     def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         return super().get(request, *args, **kwargs)
 
@@ -174,7 +226,7 @@ class LockDetailView(CoordinationView):
 
     required_permissions = {"GET": "coordination.view_lock"}
 
-    @extend_schema(
+    @operation(
         operation_id="locks_retrieve",
         summary="A lock's state",
         responses={200: LockSerializer, **_errors(404)},
@@ -194,7 +246,7 @@ class AcquireView(CoordinationView):
 
     required_permissions = {"POST": "coordination.acquire_lock"}
 
-    @extend_schema(
+    @operation(
         operation_id="locks_acquire",
         summary="Acquire a lease and a fencing token",
         description=(
@@ -220,7 +272,7 @@ class RenewView(CoordinationView):
 
     required_permissions = {"POST": "coordination.acquire_lock"}
 
-    @extend_schema(
+    @operation(
         operation_id="locks_renew",
         summary="Extend the current lease",
         description="Needs the grant's `token` and `lease_id`; 409 `lease_lost` once the lease ended.",
@@ -242,7 +294,7 @@ class ReleaseView(CoordinationView):
 
     required_permissions = {"POST": "coordination.acquire_lock"}
 
-    @extend_schema(
+    @operation(
         operation_id="locks_release",
         summary="End the current lease",
         description=(
@@ -273,7 +325,7 @@ class GrantListView(CoordinationListView):
             raise Http404
         return Grant.objects.filter(lock=lock).select_related("lock").order_by("-token")
 
-    @extend_schema(operation_id="locks_grants", responses={200: GrantSerializer(many=True), **_errors(404)})
+    @operation(operation_id="locks_grants", responses={200: GrantSerializer(many=True), **_errors(404)})
     def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         return super().get(request, *args, **kwargs)
 
@@ -291,7 +343,7 @@ class FenceListView(CoordinationListView):
     def get_queryset(self) -> QuerySet[Fence]:
         return Fence.objects.order_by("resource")
 
-    @extend_schema(operation_id="fences_list", responses={200: FenceSerializer(many=True), **_errors(404)})
+    @operation(operation_id="fences_list", responses={200: FenceSerializer(many=True), **_errors(404)})
     def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         return super().get(request, *args, **kwargs)
 
@@ -302,7 +354,7 @@ class FenceDetailView(CoordinationView):
 
     required_permissions = {"GET": "coordination.view_fence"}
 
-    @extend_schema(
+    @operation(
         operation_id="fences_retrieve",
         summary="A fence's watermark",
         responses={200: FenceSerializer, **_errors(404)},
@@ -327,7 +379,7 @@ class DocumentView(CoordinationView):
         "PUT": "coordination.write_document",
     }
 
-    @extend_schema(
+    @operation(
         operation_id="documents_retrieve",
         summary="Read a document",
         responses={200: DocumentSerializer, **_errors(404)},
@@ -340,7 +392,7 @@ class DocumentView(CoordinationView):
             raise Http404 from None
         return Response(DocumentSerializer(document).data)
 
-    @extend_schema(
+    @operation(
         operation_id="documents_write",
         summary="Fenced write of a document",
         description=(
@@ -436,7 +488,7 @@ class RejectionListView(CoordinationListView):
             rows = rows.filter(created_at__gte=filters["since"])
         return rows
 
-    @extend_schema(
+    @operation(
         operation_id="rejections_list",
         parameters=[RejectionFilter],
         responses={200: RejectionSerializer(many=True), **_errors(404)},

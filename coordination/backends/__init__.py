@@ -41,7 +41,7 @@ def get_backend(alias: str | None = None) -> GrantPoint:
     """The grant point of ``alias`` (default ``COORDINATION["DATABASE"]``).
 
     Raises ``ImproperlyConfigured`` for a ``GRANT_POINT`` value other than
-    None, ``"auto"`` or ``"orm"`` (system check ``coordination.E004``).
+    None, ``"auto"`` or ``"orm"`` (system check ``coordination.E005``).
     """
     alias = alias or app_settings.DATABASE
     backend = _backends.get(alias)

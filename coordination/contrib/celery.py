@@ -23,6 +23,7 @@ from typing import Any, TypeVar, overload
 
 from celery import Task, shared_task
 from celery._state import _task_stack  # type: ignore[attr-defined]
+from celery.signals import worker_init
 
 from .. import locks, signals
 from ..conf import app_settings
@@ -259,3 +260,34 @@ def fenced_task(
 
     return decorate
 
+
+
+@worker_init.connect(dispatch_uid="coordination.contrib.celery.check_at_worker_start")
+def check_at_worker_start(sender: Any = None, **kwargs: Any) -> None:
+    """Run the app's system checks when a worker with fenced tasks starts.
+
+    Celery's Django fixup runs Django's checks at worker start but drops their
+    result, so a worker would start on a configuration that ``runserver``
+    refuses (a SQLite grant point without IMMEDIATE transactions fails most of
+    its grants with "database is locked"). Warnings are logged; errors stop the
+    worker before it takes a task, naming each one. ``CELERY_SKIP_CHECKS``
+    skips this as it skips Celery's own run.
+    """
+    import os
+
+    from django.core.checks import ERROR, run_checks
+
+    if os.environ.get("CELERY_SKIP_CHECKS"):
+        return
+    messages = [
+        message
+        for message in run_checks()
+        if str(message.id or "").startswith("coordination.") and not message.is_silenced()
+    ]
+    for message in messages:
+        logger.log(logging.ERROR if message.level >= ERROR else logging.WARNING, "%s", message)
+    errors = [message for message in messages if message.level >= ERROR]
+    if errors:
+        listed = "\n".join(str(message) for message in errors)  # each with its hint
+        # SystemExit: Celery logs and swallows ordinary exceptions of signal receivers.
+        raise SystemExit(f"coordination: the worker does not start, system checks failed:\n{listed}")

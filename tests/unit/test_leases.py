@@ -118,7 +118,7 @@ def test_grant_point_values_pass_the_check(value: str | None) -> None:
 
 def test_an_unknown_grant_point_is_a_system_check_error_and_refused_at_use() -> None:
     with override_settings(COORDINATION={"GRANT_POINT": "functions"}):
-        assert [message.id for message in check_settings()] == ["coordination.E004"]
+        assert [message.id for message in check_settings()] == ["coordination.E005"]
         with pytest.raises(ImproperlyConfigured, match="GRANT_POINT"):
             get_backend()
 
