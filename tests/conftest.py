@@ -34,6 +34,10 @@ from .support.waiting import run_in_threads
 
 TESTS = Path(__file__).resolve().parent
 KINDS = ("unit", "db", "concurrency", "processes", "browser")
+# Seconds a test may take (pytest-timeout, setup included) before it fails as
+# hung: several times the slowest test of each directory on a loaded 2-core
+# machine. A test that needs more says so with @pytest.mark.timeout(...).
+TIMEOUTS = {"unit": 60, "db": 120, "concurrency": 180, "processes": 600, "browser": 300}
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -69,6 +73,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 f"{item.nodeid}: uses the database; move it from tests/unit/ to tests/db/"
             )
         item.add_marker(getattr(pytest.mark, kind))
+        if item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(TIMEOUTS[kind]))
 
         if leg == "sqlite" and item.get_closest_marker("postgres"):
             item.add_marker(pytest.mark.skip(reason="PostgreSQL-only behaviour; this leg is SQLite"))

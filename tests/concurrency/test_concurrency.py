@@ -19,7 +19,7 @@ from coordination.exceptions import LockHeld, StaleToken
 from coordination.models import Grant, Lock, Rejection
 from project.demo.models import Account
 from tests.support.factories import AccountFactory
-from tests.support.waiting import run_in_threads
+from tests.support.waiting import run_in_threads, wait_for, wait_until_blocked_on_a_row_lock
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -157,20 +157,6 @@ def test_concurrent_stale_and_newer_fenced_updates_only_apply_in_token_order() -
         assert rejection.token < rejection.watermark_token  # every refusal was justified
 
 
-def wait_until_blocked_on_a_row_lock(backend_pid: int) -> None:
-    deadline = time.monotonic() + 30
-    with connection.cursor() as cursor:
-        while time.monotonic() < deadline:
-            cursor.execute(
-                "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [backend_pid]
-            )
-            row = cursor.fetchone()
-            if row and row[0] == "Lock":
-                return
-            time.sleep(0.01)
-    raise AssertionError("the stale writer never blocked on the row lock")
-
-
 def interleave_on_row_lock(isolation: str | None) -> tuple[Any, Account]:
     """T_new writes token n+1 and holds the row lock; T_old's fenced_update with n
     starts and blocks on it; T_new commits. Returns what T_old got."""
@@ -210,9 +196,7 @@ def interleave_on_row_lock(isolation: str | None) -> tuple[Any, Account]:
     threads = [threading.Thread(target=newer), threading.Thread(target=older)]
     for thread in threads:
         thread.start()
-    deadline = time.monotonic() + 30
-    while not old_pid and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for(lambda: old_pid, what="the stale writer's backend pid")
     wait_until_blocked_on_a_row_lock(old_pid[0])
     release_new.set()
     for thread in threads:

@@ -4,7 +4,6 @@ are the interleavings that only that path has."""
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 from django.db import connection, connections
@@ -12,7 +11,11 @@ from django.db import connection, connections
 from coordination import locks
 from coordination.exceptions import LeaseLost
 from coordination.models import Grant, GrantEnd, Lock
-from tests.support.waiting import wait_until_blocked_on_a_row_lock, wait_until_database_time_passes
+from tests.support.waiting import (
+    wait_for,
+    wait_until_blocked_on_a_row_lock,
+    wait_until_database_time_passes,
+)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
 
@@ -44,8 +47,7 @@ def test_grant_issued_and_expired_while_waiting_for_the_row_lock_is_closed_as_ex
             cursor.execute("SELECT id FROM coordination_lock WHERE key = 'snap' FOR UPDATE")
             waiter = threading.Thread(target=acquire_behind_the_blocker)
             waiter.start()
-            while not waiter_pid:
-                time.sleep(0.01)
+            wait_for(lambda: waiter_pid, what="the waiter's backend pid")
             wait_until_blocked_on_a_row_lock(waiter_pid[0])
             # Another grant, already expired, committed while the waiter waits.
             cursor.execute(

@@ -9,20 +9,24 @@ import time
 from typing import Any
 
 import pytest
-from django.db import connections
+from django.db import connection, connections
 
 from coordination import locks
 from coordination.exceptions import LeaseLost, LockHeld
 from coordination.models import Grant, GrantEnd, Lock, Ticket
-from tests.support.waiting import run_in_threads, wait_until_database_time_passes
+from tests.support.waiting import run_in_threads, wait_for, wait_until_database_time_passes
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+# Only a notification can wake a waiter in time: polling would first look again
+# after POLL_INTERVAL, half a minute, and the tests allow a few seconds.
+NOTIFIED_WITHIN = 5.0
+
+
 @pytest.fixture
-def slow_polling(settings: Any) -> None:
-    # Polling alone would take at least half a second to notice a release.
-    settings.COORDINATION = {**settings.COORDINATION, "POLL_INTERVAL": 1.0, "MAX_POLL_INTERVAL": 5.0}
+def polling_too_slow_to_matter(settings: Any) -> None:
+    settings.COORDINATION = {**settings.COORDINATION, "POLL_INTERVAL": 60.0, "MAX_POLL_INTERVAL": 60.0}
 
 
 def acquire_in_thread(key: str, holder: str, **options: Any) -> tuple[threading.Thread, list[Any]]:
@@ -42,81 +46,95 @@ def acquire_in_thread(key: str, holder: str, **options: Any) -> tuple[threading.
     return thread, outcome
 
 
-def wait_for(condition: Any, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition never held"
-        time.sleep(0.01)
+def asleep_until_woken(key: str) -> None:
+    """The waiter has failed its first attempt and asked to be woken (on the lock
+    row) before going to sleep: a release from now on must notify it."""
+    wait_for(lambda: Lock.objects.get(key=key).wake_until is not None, what=f"a waiter asleep on {key!r}")
 
 
 # --- wake-ups -----------------------------------------------------------------
 
 
 @pytest.mark.postgres
-@pytest.mark.usefixtures("slow_polling")
-def test_release_wakes_a_waiter_within_milliseconds_not_a_polling_interval() -> None:
-    held = locks.acquire("wake", holder="A", ttl=30)
-    thread, outcome = acquire_in_thread("wake", "B", ttl=30, wait=10)
-    time.sleep(0.3)  # B has tried, failed and gone to sleep for at least 0.5 s
+@pytest.mark.usefixtures("polling_too_slow_to_matter")
+def test_release_wakes_a_waiter_at_once_not_after_a_polling_interval() -> None:
+    held = locks.acquire("wake", holder="A", ttl=120)
+    thread, outcome = acquire_in_thread("wake", "B", ttl=30, wait=30)
+    asleep_until_woken("wake")
 
     released_at = time.perf_counter()
     locks.release(held)
-    thread.join(10)
+    thread.join(60)
 
     grant, granted_at = outcome
     assert grant.token == held.token + 1
-    assert granted_at - released_at < 0.25, "the release did not wake the waiter"
+    assert granted_at - released_at < NOTIFIED_WITHIN, "the release did not wake the waiter"
 
 
 @pytest.mark.postgres
-@pytest.mark.usefixtures("slow_polling")
+@pytest.mark.usefixtures("polling_too_slow_to_matter")
 def test_revoke_wakes_a_waiter() -> None:
-    held = locks.acquire("wake-revoke", holder="A", ttl=30)
-    thread, outcome = acquire_in_thread("wake-revoke", "B", ttl=30, wait=10)
-    time.sleep(0.3)
+    held = locks.acquire("wake-revoke", holder="A", ttl=120)
+    thread, outcome = acquire_in_thread("wake-revoke", "B", ttl=30, wait=30)
+    asleep_until_woken("wake-revoke")
 
     revoked_at = time.perf_counter()
     locks.revoke("wake-revoke")
-    thread.join(10)
+    thread.join(60)
 
-    assert outcome[0].token == held.token + 1
-    assert outcome[1] - revoked_at < 0.25
+    grant, granted_at = outcome
+    assert grant.token == held.token + 1
+    assert granted_at - revoked_at < NOTIFIED_WITHIN, "the revoke did not wake the waiter"
 
 
 @pytest.mark.postgres
-@pytest.mark.usefixtures("slow_polling")
+@pytest.mark.usefixtures("polling_too_slow_to_matter")
 def test_only_releases_someone_waits_for_notify() -> None:
     # NOTIFY takes a server-wide lock until commit: a release nobody waits for
     # must not pay it. A waiter says so on the lock row before it sleeps.
     listening = locks._listen("default")
     assert listening is not None
 
-    def notified(key: str) -> bool:
-        return any(n.payload == key for n in listening.notifies(timeout=0.3, stop_after=1))
+    def notified_before_a_marker(key: str) -> bool:
+        """Whether ``key`` was notified before a marker sent now. Notifications
+        reach a listener in commit order, so reading up to the marker sees every
+        notification of the releases that committed before it; no time window."""
+        marker = f"marker:{key}:{time.monotonic_ns()}"
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_notify(%s, %s)", [locks.WAKE_UP_CHANNEL, marker])
+        seen = []
+        deadline = time.monotonic() + 30
+        while marker not in seen:
+            assert time.monotonic() < deadline, "the marker notification never arrived"
+            seen += [n.payload for n in listening.notifies(timeout=1, stop_after=1)]
+        return key in seen[: seen.index(marker)]
 
     try:
         quiet = locks.acquire("quiet", holder="A", ttl=30)
         locks.release(quiet)
-        assert not notified("quiet")
+        assert not notified_before_a_marker("quiet")
 
-        held = locks.acquire("waited-for", holder="A", ttl=30)
-        thread, outcome = acquire_in_thread("waited-for", "B", ttl=30, wait=10)
-        wait_for(lambda: Lock.objects.get(key="waited-for").wake_until is not None)
+        held = locks.acquire("waited-for", holder="A", ttl=120)
+        thread, outcome = acquire_in_thread("waited-for", "B", ttl=30, wait=30)
+        asleep_until_woken("waited-for")
         locks.release(held)
-        assert notified("waited-for")
-        thread.join(10)
+        assert notified_before_a_marker("waited-for")
+        thread.join(60)
         assert outcome[0].token == held.token + 1
     finally:
         listening.close()
 
 
+@pytest.mark.usefixtures("polling_too_slow_to_matter")
 def test_a_waiter_still_wakes_when_the_lease_expires_without_a_release() -> None:
-    held = locks.acquire("expire", holder="A", ttl=0.5)
+    # Nothing notifies an expiry: the waiter sleeps until the lease's end, which
+    # the refusal told it, not for a polling interval (half a minute here).
+    held = locks.acquire("expire", holder="A", ttl=2)
 
-    grant = locks.acquire("expire", holder="B", ttl=30, wait=10)
+    grant = locks.acquire("expire", holder="B", ttl=30, wait=30)
 
     assert grant.acquired_at >= held.expires_at
-    assert grant.acquired_at - held.expires_at < dt.timedelta(seconds=0.5)
+    assert grant.acquired_at - held.expires_at < dt.timedelta(seconds=NOTIFIED_WITHIN)
 
 
 # --- fair queueing ------------------------------------------------------------
@@ -165,13 +183,13 @@ def test_a_fair_waiter_that_gives_up_leaves_the_queue() -> None:
 
 def test_a_crashed_waiters_ticket_expires_and_stops_holding_the_queue() -> None:
     now = locks.database_now()
-    Ticket.objects.create(lock_key="fair-crash", holder="crashed", expires_at=now + dt.timedelta(seconds=0.5))
+    Ticket.objects.create(lock_key="fair-crash", holder="crashed", expires_at=now + dt.timedelta(seconds=3))
 
     with pytest.raises(LockHeld, match="queued"):
         locks.acquire("fair-crash", holder="B", ttl=30)  # the live ticket is first
-    grant = locks.acquire("fair-crash", holder="B", ttl=30, wait=10, fair=True)
+    grant = locks.acquire("fair-crash", holder="B", ttl=30, wait=30, fair=True)
 
-    assert grant.acquired_at >= now + dt.timedelta(seconds=0.5)
+    assert grant.acquired_at >= now + dt.timedelta(seconds=3)
     assert not Ticket.objects.filter(lock_key="fair-crash", holder="B").exists()
 
 
@@ -199,14 +217,14 @@ def test_many_fair_waiters_contending_all_get_the_lock_in_ticket_order() -> None
 
 
 def test_lock_delay_keeps_an_expired_lock_ungrantable_for_a_while() -> None:
-    held = locks.acquire("delay", holder="A", ttl=0.2, lock_delay=0.6)
+    held = locks.acquire("delay", holder="A", ttl=0.2, lock_delay=3)
     wait_until_database_time_passes(held.expires_at)
 
     with pytest.raises(LockHeld, match="lock-delay") as caught:
         locks.acquire("delay", holder="B", ttl=30)
-    assert caught.value.expires_at == held.expires_at + dt.timedelta(seconds=0.6)
+    assert caught.value.expires_at == held.expires_at + dt.timedelta(seconds=3)
 
-    wait_until_database_time_passes(held.expires_at + dt.timedelta(seconds=0.6))
+    wait_until_database_time_passes(held.expires_at + dt.timedelta(seconds=3))
     grant = locks.acquire("delay", holder="B", ttl=30)
     assert grant.token == held.token + 1
     assert Grant.objects.get(pk=held.pk).end_reason == GrantEnd.EXPIRED
@@ -215,13 +233,13 @@ def test_lock_delay_keeps_an_expired_lock_ungrantable_for_a_while() -> None:
 def test_lock_delay_applies_after_a_revoke_and_a_late_release_but_not_a_clean_release() -> None:
     clean = locks.acquire("d2", holder="A", ttl=30, lock_delay=5)
     locks.release(clean)
-    revoked = locks.acquire("d2", holder="B", ttl=30, lock_delay=0.5)  # clean release: at once
+    revoked = locks.acquire("d2", holder="B", ttl=30, lock_delay=3)  # clean release: at once
 
     locks.revoke("d2")
     with pytest.raises(LockHeld, match="lock-delay"):
         locks.acquire("d2", holder="C", ttl=30)
-    late = locks.acquire("d2", holder="C", ttl=0.1, wait=5, lock_delay=0.5)
-    assert late.acquired_at >= revoked.acquired_at + dt.timedelta(seconds=0.5)
+    late = locks.acquire("d2", holder="C", ttl=0.1, wait=30, lock_delay=3)
+    assert late.acquired_at >= revoked.acquired_at + dt.timedelta(seconds=3)
 
     wait_until_database_time_passes(late.expires_at)
     with pytest.raises(LeaseLost, match="expired"):

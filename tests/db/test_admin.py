@@ -13,7 +13,7 @@ from django.urls import reverse
 
 from coordination import fencing, locks
 from coordination.admin import FenceAdmin, LockAdmin
-from coordination.exceptions import StaleToken
+from coordination.exceptions import DuplicateWrite, StaleToken
 from coordination.models import (
     MAX_TOKEN,
     AcceptedWrite,
@@ -238,7 +238,7 @@ def test_raise_fence_to_lock_keeps_a_higher_watermark_and_can_seal_the_last_toke
     fence, old, newer = restored_fence()
     result = fencing.raise_fence_to_lock(fence, step=MAX_TOKEN)
     assert result.raised and result.after == (newer.token, MAX_TOKEN)
-    with pytest.raises(Exception, match="duplicate"), fencing.fence("mailbox-1", newer):
+    with pytest.raises(DuplicateWrite), fencing.fence("mailbox-1", newer):
         pass  # pragma: no cover
     again = fencing.raise_fence_to_lock("mailbox-1")
     assert not again.raised and again.after == (newer.token, MAX_TOKEN)

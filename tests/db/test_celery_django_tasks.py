@@ -42,12 +42,12 @@ def test_without_django_tasks_the_decorator_refuses_clearly() -> None:
 if HAS_DJANGO_TASKS:
     from django.tasks import TaskResultStatus
 
-    @contrib_tasks.fenced_task(lock="account:{account_id}", ttl=0.6)
+    @contrib_tasks.fenced_task(lock="account:{account_id}", ttl=2)
     def settle(account_id: int, amount: str, hold: float = 0.0) -> dict[str, Any]:
         grant = locks.current_grant()
         assert grant is not None
         account = Account.objects.get(pk=account_id)
-        time.sleep(hold)  # longer than the 0.6 s lease: the keep-alive renews it
+        time.sleep(hold)  # longer than the 2 s lease: the keep-alive renews it
         Account.objects.filter(pk=account_id).fenced_update(balance=account.balance + Decimal(amount))
         return {"token": grant.token, "key": grant.key}
 
@@ -71,7 +71,7 @@ def test_each_run_takes_a_new_grant_that_fenced_writes_use_and_releases_it() -> 
     account = AccountFactory(balance=Decimal("10.00"))
 
     first = settle.enqueue(account.pk, "5.00")
-    second = settle.enqueue(account.pk, "1.00", hold=1.2)
+    second = settle.enqueue(account.pk, "1.00", hold=4.5)
 
     assert first.status == TaskResultStatus.SUCCESSFUL, first.errors
     assert second.status == TaskResultStatus.SUCCESSFUL, second.errors
@@ -79,8 +79,8 @@ def test_each_run_takes_a_new_grant_that_fenced_writes_use_and_releases_it() -> 
     assert second.return_value["token"] == 2
     grants = list(Grant.objects.filter(lock__key=f"account:{account.pk}").order_by("token"))
     assert [g.end_reason for g in grants] == [GrantEnd.RELEASED, GrantEnd.RELEASED]
-    # The 1.2 s run outlived its 0.6 s lease only because the keep-alive renewed it.
-    assert (grants[1].ended_at - grants[1].acquired_at).total_seconds() >= 1.2
+    # The 4.5 s run outlived its 2 s lease only because the keep-alive renewed it.
+    assert (grants[1].ended_at - grants[1].acquired_at).total_seconds() >= 4.5
     refreshed = Account.objects.get(pk=account.pk)
     assert (refreshed.balance, refreshed.fence) == (Decimal("16.00"), 2)
     assert locks.current_grant() is None

@@ -5,11 +5,9 @@ from __future__ import annotations
 import datetime as dt
 import math
 from typing import Any
-from unittest import mock
 
 import pytest
 from django.db import IntegrityError, transaction
-from django.utils import timezone
 
 from coordination import locks
 from coordination.exceptions import (
@@ -105,17 +103,6 @@ def test_expired_lease_frees_the_lock_and_records_the_old_grant_as_expired() -> 
     assert b.acquired_at >= a.expires_at
 
 
-def test_expiry_is_decided_by_the_database_clock_not_the_app_clock() -> None:
-    locks.acquire("clock", holder="A", ttl=30)
-    far_future = timezone.now() + dt.timedelta(days=365)
-
-    # An app server whose clock jumped a year ahead must not free the lock.
-    with mock.patch("django.utils.timezone.now", return_value=far_future), pytest.raises(
-        LockHeld
-    ):
-        locks.acquire("clock", holder="B", ttl=5)
-
-
 def test_lock_state_is_computed_with_the_database_clock() -> None:
     held = locks.acquire("s:held", holder="A", ttl=30)
     expired = locks.acquire("s:expired", holder="A", ttl=0.1)
@@ -133,12 +120,12 @@ def test_lock_state_is_computed_with_the_database_clock() -> None:
 
 
 def test_renew_extends_the_lease_from_database_now() -> None:
-    grant = locks.acquire("r", holder="a", ttl=1)
+    grant = locks.acquire("r", holder="a", ttl=10)
     before = grant.expires_at
 
-    locks.renew(grant, ttl=30)
+    locks.renew(grant, ttl=60)
 
-    assert grant.expires_at > before + dt.timedelta(seconds=28)
+    assert grant.expires_at > before + dt.timedelta(seconds=49)
     assert Lock.objects.get(key="r").expires_at == grant.expires_at
     assert Grant.objects.get(pk=grant.pk).expires_at == grant.expires_at
 

@@ -262,8 +262,8 @@ def test_grant_point_sends_the_signals_metrics_count() -> None:
     signals.lock_renewed.connect(receivers["renewed"])
     signals.lock_expired.connect(receivers["expired"])
     try:
-        first = locks.acquire("signals:1", holder="A", ttl=0.2)
-        locks.renew(first, ttl=0.2)
+        first = locks.acquire("signals:1", holder="A", ttl=30)
+        locks.renew(first, ttl=0.2)  # a renewal that shortens the lease, so it expires soon
         wait_until_database_time_passes(first.expires_at)
         second = locks.acquire("signals:1", holder="B", ttl=0.2)  # takes the expired lease over
         wait_until_database_time_passes(second.expires_at)

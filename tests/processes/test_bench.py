@@ -66,7 +66,12 @@ def test_quick_bench_writes_json_table_and_chart(tmp_path: Path) -> None:
         assert "skipped" in results["scale"]
     assert ("notify" in results["wakeup"]) is postgres and results["wakeup"]["polling"]["samples"]
     for mode in ("fair", "unfair"):
-        assert results["fairness"][mode]["grants_per_thread_min"] >= 0
+        row = results["fairness"][mode]
+        # Each thread's share is reported, and some thread got the lock (how evenly
+        # is timing, which this smoke run does not judge).
+        assert row["threads"] == 3 and row["cycles_per_s"] > 0
+        assert 0 <= row["grants_per_thread_min"] <= row["grants_per_thread_max"]
+        assert row["grants_per_thread_max"] >= 1
     celery = results["celery"]
     assert set(celery) == {"end_to_end", "in_process"}
     assert celery["in_process"]["fenced"]["tasks"] > 0 and celery["in_process"]["fenced_over_unfenced"] > 0

@@ -130,9 +130,10 @@ def test_redelivered_copy_of_one_task_id_gets_its_own_token_and_only_the_newest_
     timeout. Both copies share the task id but each holds its own grant, so the
     paused first copy cannot overwrite the redelivered one."""
     queue = unique("redelivery")
-    broker = RedisBroker.fresh()  # its sweeps (2 s visibility) must not see other tests' messages
+    broker = RedisBroker.fresh()  # its sweeps (8 s visibility) must not see other tests' messages
     pair = [
-        start_worker(name, queue, tmp_path, broker=broker, COORDINATION_TEST_VISIBILITY_TIMEOUT="2")
+        # Redelivered once the paused copy's lease has run out (KEEPALIVE_TTL).
+        start_worker(name, queue, tmp_path, broker=broker, COORDINATION_TEST_VISIBILITY_TIMEOUT="8")
         for name in ("redeliver-1", "redeliver-2")
     ]
     try:
@@ -173,27 +174,32 @@ def test_redelivered_copy_of_one_task_id_gets_its_own_token_and_only_the_newest_
     assert Account.objects.get(pk=account.pk).fence == second["token"]
 
 
-def test_keepalive_holds_a_one_second_lease_across_three_and_a_half_seconds(
+def test_keepalive_holds_its_lease_across_more_than_two_ttls(
     workers: dict[str, Worker], broker: RedisBroker, tmp_path: Path
 ) -> None:
     worker = workers["solo"]
     account = AccountFactory(balance=Decimal("100.00"))
     report = tmp_path / "events.jsonl"
+    hold = 2 * tasks.KEEPALIVE_TTL + 1
     send(tasks.deposit, worker.queue, broker, account.pk, "5",
-         kwargs={"report": str(report), "hold": 3.5})
+         kwargs={"report": str(report), "hold": hold})
     started = wait_for_event(report, lambda e: e["event"] == "acquired", workers=[worker])
     key = f"account:{account.pk}"
 
-    time.sleep(2.5)  # well past the 1 s lease
+    # Past the lease as first granted, by the database's clock: only renewals keep it.
+    wait_until_database_time_passes(dt.datetime.fromisoformat(started["expires_at"]), margin=1.0)
     with pytest.raises(LockHeld):
         locks.acquire(key, holder="intruder", ttl=1)
-    written = wait_for_event(report, lambda e: e["event"] == "written", workers=[worker])
+    written = wait_for_event(report, lambda e: e["event"] == "written", timeout=60, workers=[worker])
 
     assert written["token"] == started["token"]
     wait_until_free(key)  # the release follows the body's last report
     grant = Grant.objects.get(lock__key=key, token=started["token"])
     assert grant.end_reason == GrantEnd.RELEASED
-    assert (grant.ended_at - grant.acquired_at).total_seconds() >= 3.5
+    assert (grant.ended_at - grant.acquired_at).total_seconds() >= hold
+    renewed = [e for e in events(report) if e["event"] == "renewed"]
+    assert len(renewed) >= hold / tasks.KEEPALIVE_TTL, renewed
+    assert not [e for e in events(report) if e["event"] == "lease_lost"]
     assert balance(account) == Decimal("105.00")
 
 
@@ -210,7 +216,10 @@ def test_keepalive_marks_the_grant_lost_after_a_pause_past_its_lease_and_later_w
     started = wait_for_event(report, lambda e: e["event"] == "acquired", workers=[worker])
 
     worker.pause(started["pid"])
-    wait_until_database_time_passes(dt.datetime.fromisoformat(started["expires_at"]), margin=0.3)
+    # A renewal that landed (or was under way) before the pause gives the lease at
+    # most one ttl from now: wait past that, by the database's clock.
+    paused_at = locks.database_now()
+    wait_until_database_time_passes(paused_at + dt.timedelta(seconds=tasks.KEEPALIVE_TTL), margin=0.5)
     worker.resume(started["pid"])
     wait_for_event(report, lambda e: e["event"] == "lease_lost", workers=[worker])
     (tmp_path / "pause.go").touch()
@@ -315,8 +324,8 @@ def test_a_copy_of_the_same_task_id_backs_off_while_its_previous_execution_holds
     acquired = [e for e in events(report) if e["event"] == "acquired"]
 
     assert retry["reason"] == "LockHeld"
-    # Back-off from the holder's remaining lease (at most the 1 s ttl) plus jitter.
-    assert 0 < retry["countdown"] <= 1.0 + 0.5
+    # Back-off from the holder's remaining lease (at most its ttl) plus jitter (at most 1.05 s).
+    assert 0 < retry["countdown"] <= tasks.KEEPALIVE_TTL + 1.05
     assert [e["task_id"] for e in acquired] == [task_id, task_id]
     assert acquired[1]["token"] == first["token"] + 1
     assert acquired[1]["retries"] >= 1

@@ -40,3 +40,8 @@ def run_demo(tmp_path: Path, *arguments: str) -> tuple[subprocess.CompletedProce
     output = f"exit {finished.returncode}\n{finished.stdout}\n{finished.stderr}"
     assert report.exists(), f"no JSON report: {output}"
     return finished, json.loads(report.read_text())
+
+
+def child_environment() -> dict[str, str]:
+    """The environment of a child Django process using this run's test database."""
+    return worker_environment("memory://")
