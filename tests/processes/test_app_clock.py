@@ -29,7 +29,12 @@ from tests.support.waiting import wait_until_database_time_passes
 # is no second clock to disagree with.
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
-LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
+def libfaketime() -> Path | None:
+    """Debian's faketime package puts it under the architecture's library directory."""
+    if os.environ.get("COORDINATION_LIBFAKETIME"):
+        return Path(os.environ["COORDINATION_LIBFAKETIME"])
+    found = sorted(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"))
+    return found[0] if found else None
 
 CHILD = """
 import datetime as dt, json, os
@@ -52,9 +57,9 @@ print(json.dumps(out))
 
 
 def run_with_clock_moved(offset: str) -> dict[str, object]:
-    library = Path(os.environ.get("COORDINATION_LIBFAKETIME", str(LIBFAKETIME)))
-    if not library.exists():
-        missing_service(f"libfaketime ({library}; Debian package faketime)")
+    library = libfaketime()
+    if library is None or not library.exists():
+        missing_service("libfaketime (Debian package faketime; or set COORDINATION_LIBFAKETIME)")
     env = child_environment() | {
         "LD_PRELOAD": str(library),
         "FAKETIME": offset,
