@@ -14,6 +14,8 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
+from tests.support.legs import missing_service, services_required
+
 pytestmark = pytest.mark.django_db(transaction=True)
 
 ROW_FIELDS = {"clients", "ops", "refused", "ops_per_s", "p50_ms", "p99_ms", "ratio_to_floor"}
@@ -29,6 +31,8 @@ def database_url() -> str:
 
 def test_quick_bench_writes_json_table_and_chart(tmp_path: Path) -> None:
     out, chart = tmp_path / "bench.json", tmp_path / "bench.png"
+    if not os.environ.get("COORDINATION_TEST_REDIS_URL") and services_required():
+        missing_service("a Redis server for the bench's Redis peer and worker (COORDINATION_TEST_REDIS_URL)")
 
     # As CI runs it: the command in its own process, against the test database.
     done = subprocess.run(
