@@ -3,7 +3,11 @@
 #
 #   ensure_venv DIR PYTHON REQFILE   create DIR with PYTHON ("3.11", or "3.12+" for
 #                                    3.12 or newer) and pip-install REQFILE; skipped
-#                                    when the stamp in DIR matches the requirements.
+#                                    when DIR's stamp names REQFILE, or a file that
+#                                    includes it (-r), unchanged since it was installed.
+#   ensure_debian_packages PKG...    install the missing ones with apt-get (as root, or
+#                                    with sudo that needs no password); otherwise say
+#                                    which apt-get command to run, and exit.
 #   find_python PYTHON               print the path of a working interpreter.
 #   on_exit COMMAND...               run COMMAND when the script exits (LIFO).
 #   die / info / banner              messages on stderr.
@@ -142,6 +146,27 @@ _req_digest() {
     } | sha256sum | cut -d' ' -f1
 }
 
+# _stamp_accepts STAMP REQ PYTHON: the venv's stamp names a requirements file
+# (REQ itself, or one that pulls REQ in with -r) whose files are unchanged since
+# it was installed. A stamp of only a digest (older scripts) names REQ.
+_stamp_accepts() {
+    local stamp=$1 req=$2 python=$3 digest installed
+    [[ -f $stamp ]] || return 1
+    { read -r digest && read -r installed; } <"$stamp" || true
+    [[ -n $digest ]] || return 1
+    if [[ -z ${installed:-} ]]; then
+        installed=$req
+    else
+        [[ $installed == /* ]] || installed="$REPO_ROOT/$installed"
+        [[ -f $installed ]] || return 1
+        # Not a pipe into grep -q: under pipefail its early exit would fail the pipe.
+        local closure
+        closure=$(_req_closure "$installed")
+        grep -qxF "$req" <<<"$closure" || return 1
+    fi
+    [[ "$(_req_digest "$python" "$installed")" == "$digest" ]]
+}
+
 # ensure_venv DIR PYTHON REQFILE
 ensure_venv() {
     local dir=$1 spec=$2 req=$3
@@ -182,20 +207,75 @@ ensure_venv() {
         "$python" -m venv "$abs_dir" || die "could not create $dir with $python"
     fi
 
-    digest=$(_req_digest "$venv_py" "$req")
-    if [[ -f $stamp && "$(cat "$stamp")" == "$digest" ]]; then
+    # bin/test's venv (requirements/test.txt) includes bin/run's (run.txt): either
+    # script accepts a venv the other made, as long as nothing changed since.
+    if _stamp_accepts "$stamp" "$req" "$venv_py"; then
         flock -u "$lockfd"
         exec {lockfd}>&-
         return 0
     fi
 
+    digest=$(_req_digest "$venv_py" "$req")
     info "$dir: installing ${req#"$REPO_ROOT"/}"
     rm -f "$stamp"
     if ! "$venv_py" -m pip install --disable-pip-version-check --no-input --progress-bar off \
         -q -r "$req"; then
         die "$dir: pip install -r ${req#"$REPO_ROOT"/} failed"
     fi
-    printf '%s\n' "$digest" >"$stamp"
+    printf '%s\n%s\n' "$digest" "${req#"$REPO_ROOT"/}" >"$stamp"
     flock -u "$lockfd"
     exec {lockfd}>&-
+}
+
+# --- Debian packages ----------------------------------------------------------
+# _debian_missing PKG...: prints the packages dpkg does not list as installed.
+_debian_missing() {
+    local pkg
+    for pkg in "$@"; do
+        if [[ "$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null)" != "install ok installed" ]]; then
+            printf '%s\n' "$pkg"
+        fi
+    done
+}
+
+# ensure_debian_packages PKG...: install what is missing, or say how and exit 1.
+# COORDINATION_INSTALL_PACKAGES=0 never installs (only says what is missing).
+ensure_debian_packages() {
+    local missing=() sudo=() pkg
+    (($#)) || return 0
+    if ! command -v dpkg-query >/dev/null 2>&1 || ! command -v apt-get >/dev/null 2>&1; then
+        die "not a Debian system (no dpkg-query/apt-get); install the equivalents of: $*
+       (or point COORDINATION_TEST_DATABASE_URL / COORDINATION_TEST_REDIS_URL / CHROMIUM_PATH at yours)"
+    fi
+    while IFS= read -r pkg; do
+        [[ -n $pkg ]] && missing+=("$pkg")
+    done < <(_debian_missing "$@")
+    if ((${#missing[@]} == 0)); then
+        info "system packages: all present ($*)"
+        return 0
+    fi
+    local command="apt-get install -y --no-install-recommends ${missing[*]}"
+    if [[ $EUID -ne 0 ]]; then
+        if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+            sudo=(sudo -n)
+        else
+            die "missing Debian packages: ${missing[*]}
+       bin/test installs them itself as root or with sudo that needs no password; here it cannot.
+       Install them, then run bin/test again:
+         sudo apt-get update && sudo $command"
+        fi
+    fi
+    if [[ ${COORDINATION_INSTALL_PACKAGES:-1} == 0 ]]; then
+        die "missing Debian packages: ${missing[*]} (COORDINATION_INSTALL_PACKAGES=0). Install them:
+         ${sudo[*]:+sudo }apt-get update && ${sudo[*]:+sudo }$command"
+    fi
+    info "system packages: installing ${missing[*]}"
+    "${sudo[@]}" apt-get update -q || die "apt-get update failed"
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+        "${missing[@]}" || die "apt-get install ${missing[*]} failed"
+    missing=()
+    while IFS= read -r pkg; do
+        [[ -n $pkg ]] && missing+=("$pkg")
+    done < <(_debian_missing "$@")
+    ((${#missing[@]} == 0)) || die "still missing after apt-get install: ${missing[*]}"
 }

@@ -1,30 +1,96 @@
-"""Shared test helpers. Tests run against the database DATABASE_URL names
-(PostgreSQL in CI) and against the embedded SQLite default."""
+"""Layout, markers and shared fixtures of the suite.
+
+Each test lives in the directory that says what it needs, and gets that
+directory's marker, so ``pytest -m unit`` runs the part that needs no database:
+
+  tests/unit/         no database at all (pytest-django refuses any query)
+  tests/db/           one connection: ordinary ``django_db`` tests
+  tests/concurrency/  threads or processes with their own connections, row
+                      locks, LISTEN/NOTIFY
+  tests/processes/    real ``celery worker`` processes, the demo, chaos, bench,
+                      other subprocesses
+  tests/browser/      Chromium driven by Playwright
+  tests/support/      helpers, factories, worker settings (no tests)
+
+Two marks say why a test does not run on every leg (see tests/support/legs.py):
+
+  @pytest.mark.postgres                  the behaviour only exists on PostgreSQL
+  @pytest.mark.legs("pg", reason="...")  the test runs on the named legs only,
+                                         for the reason given (e.g. a long run
+                                         that gains nothing from repeating it)
+"""
 
 from __future__ import annotations
 
-import datetime as dt
-import threading
-import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import connection, connections
+from django.db import connection
 
-from coordination import locks
 from coordination.backends import get_backend
+
+from .support.legs import LEGS, current_leg
+from .support.waiting import run_in_threads
+
+TESTS = Path(__file__).resolve().parent
+KINDS = ("unit", "db", "concurrency", "processes", "browser")
+# Seconds a test may take (pytest-timeout, setup included) before it fails as
+# hung: several times the slowest test of each directory on a loaded 2-core
+# machine. A test that needs more says so with @pytest.mark.timeout(...).
+TIMEOUTS = {"unit": 60, "db": 120, "concurrency": 180, "processes": 600, "browser": 300}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for kind, needs in {
+        "unit": "no database (tests/unit/)",
+        "db": "one database connection (tests/db/)",
+        "concurrency": "threads or processes with their own connections (tests/concurrency/)",
+        "processes": "celery workers, the demo, chaos and bench subprocesses (tests/processes/)",
+        "browser": "Chromium and Playwright (tests/browser/)",
+    }.items():
+        config.addinivalue_line("markers", f"{kind}: needs {needs}; set from the directory")
+
+
+def _kind(item: pytest.Item) -> str:
+    try:
+        parts = item.path.resolve().relative_to(TESTS).parts
+    except ValueError:  # pragma: no cover - a test outside tests/
+        return ""
+    return parts[0] if len(parts) > 1 and parts[0] in KINDS else ""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # Behaviour that only PostgreSQL has (row-lock re-checks, REPEATABLE READ,
-    # a second connection inside a transaction) is tested where it exists.
-    if connection.vendor == "postgresql":
-        return
-    skip = pytest.mark.skip(reason="PostgreSQL behaviour; this run is on SQLite")
+    leg = current_leg()
     for item in items:
-        if "postgres" in item.keywords:
-            item.add_marker(skip)
+        kind = _kind(item)
+        if not kind:
+            raise pytest.UsageError(
+                f"{item.nodeid}: test files go in one of tests/{{{','.join(KINDS)}}}/ "
+                "(see tests/conftest.py)"
+            )
+        if kind == "unit" and item.get_closest_marker("django_db"):
+            raise pytest.UsageError(
+                f"{item.nodeid}: uses the database; move it from tests/unit/ to tests/db/"
+            )
+        item.add_marker(getattr(pytest.mark, kind))
+        if item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(TIMEOUTS[kind]))
+
+        if leg == "sqlite" and item.get_closest_marker("postgres"):
+            item.add_marker(pytest.mark.skip(reason="PostgreSQL-only behaviour; this leg is SQLite"))
+        legs_mark = item.get_closest_marker("legs")
+        if legs_mark is not None:
+            wanted = legs_mark.args
+            reason = legs_mark.kwargs.get("reason")
+            unknown = set(wanted) - set(LEGS)
+            if not wanted or unknown or not reason:
+                raise pytest.UsageError(
+                    f"{item.nodeid}: @pytest.mark.legs needs leg names from {LEGS} and a reason="
+                )
+            if leg not in wanted:
+                item.add_marker(pytest.mark.skip(reason=f"runs on the {'/'.join(wanted)} leg only: {reason}"))
 
 
 @pytest.fixture
@@ -57,44 +123,6 @@ def grant_point(request: pytest.FixtureRequest, settings: Any) -> str:
         **(getattr(settings, "COORDINATION", None) or {}), "GRANT_POINT": request.param,
     }
     return get_backend().name
-
-
-def wait_until_database_time_passes(moment: dt.datetime, margin: float = 0.05) -> None:
-    """Sleep until the database clock (never this process's) is past ``moment``."""
-    deadline = time.monotonic() + 30
-    while locks.database_now() <= moment + dt.timedelta(seconds=margin):
-        if time.monotonic() > deadline:  # pragma: no cover
-            raise AssertionError(f"database clock never passed {moment}")
-        time.sleep(0.02)
-
-
-def run_in_threads(count: int, work: Callable[[int], Any], timeout: float = 120) -> list[Any]:
-    """Run ``work(i)`` in ``count`` threads, each with its own database connection.
-
-    Returns the results in thread order; re-raises the first exception.
-    """
-    results: list[Any] = [None] * count
-    errors: list[BaseException] = []
-    start = threading.Barrier(count)
-
-    def run(index: int) -> None:
-        try:
-            start.wait()
-            results[index] = work(index)
-        except BaseException as error:
-            errors.append(error)
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout)
-        assert not thread.is_alive(), "a worker thread hung"
-    if errors:
-        raise errors[0]
-    return results
 
 
 @pytest.fixture

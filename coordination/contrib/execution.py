@@ -9,8 +9,10 @@ task bodies through :class:`FencedExecution`, so both behave the same way:
 - the grant is the current one for fenced writes (``locks.use_grant``) while
   the body runs, and only then;
 - a :class:`KeepAlive` thread with its own database connection renews the
-  lease every ``ttl / 3``; when a renewal fails, the grant is marked lost, so
-  later fenced writes of the body are refused instead of applied;
+  lease a third of ``ttl`` after each renewal started, retries a failed one
+  while the lease is certainly live, and marks the grant lost once it may
+  have expired, so later fenced writes of the body are refused instead of
+  applied;
 - the grant's own lease is released on every exit path (and before a Celery
   retry is sent: :meth:`FencedExecution.end`). A process that dies without
   getting there (SIGKILL, hard time limit) leaves a lease that simply expires:
@@ -30,8 +32,9 @@ import os
 import random
 import socket
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, suppress
 from typing import Any, Literal, TypeVar, cast, get_args
 
 from django.db import connections
@@ -146,13 +149,35 @@ def skipped(reason: str, key: str, detail: str) -> Skipped:
 
 
 class KeepAlive:
-    """Renew ``grant``'s lease every ``interval`` seconds from a thread of its own.
+    """Keep ``grant``'s lease alive from a thread of its own until :meth:`stop`.
 
-    The thread has its own database connection (Django connections are per
-    thread) and closes it when it stops. If a renewal fails, for any reason, the
-    grant is marked lost and ``signals.lock_lost`` is sent, and the thread stops:
-    the body's later fenced writes then fail with ``LeaseLost`` instead of
-    applying. A renewal is never attempted more often than every ``ttl / 3``.
+    Schedule. The thread knows, by its own monotonic clock, an instant before
+    which the lease is certainly live by the database's clock (its *deadline*):
+    a renewal whose call started at local time ``t`` moves the expiry to the
+    database's ``now + ttl``, read after ``t``, so the lease lasts at least
+    until ``t + ttl``. The first deadline comes from a read of the database
+    clock as soon as the thread starts, which also opens the thread's
+    connection long before the first renewal is due. Each renewal is due a
+    third of ``ttl`` after the previous one *started*, so a slow or late
+    renewal moves the next one earlier instead of letting the delays add up.
+
+    Failures. ``LeaseLost`` from ``renew()`` (the lease expired by the
+    database's clock, was revoked or taken over) is final: ``renew()`` has
+    marked the grant lost and sent ``signals.lock_lost``. Any other error (the
+    database unreachable, a connection reset) is retried, on a fresh
+    connection, while the deadline is ahead; the database itself refuses a
+    renewal that arrives after the lease expired by its clock. Once the
+    deadline passes without a renewal, the lease may have expired: the grant
+    is marked lost, ``signals.lock_lost`` is sent, and the thread stops, so
+    the body's later fenced writes fail with ``LeaseLost`` instead of applying.
+
+    Limits. A renewal needs this process to run Python: a task body inside
+    one long C call that holds the GIL (``sum(range(10**9))``, some C
+    extensions) stops the keep-alive until the call returns, and the lease
+    is lost after ``ttl``. A renewal call stuck in the database driver is
+    only judged when it returns. The lease survives any stall shorter than
+    about two thirds of ``ttl``; docs/celery.md gives the shortest ``ttl``
+    that is safe on a loaded machine.
     """
 
     def __init__(self, grant: Lease, *, ttl: float, using: str | None = None) -> None:
@@ -160,8 +185,18 @@ class KeepAlive:
         self.ttl = ttl
         self.interval = ttl / 3
         self.using = using
+        #: Successful renewals, failed attempts that were retried, and the
+        #: longest renew() call in seconds: for logs, tests and tuning.
         self.renewals = 0
+        self.retries = 0
+        self.slowest_renewal = 0.0
         self._stopping = threading.Event()
+        # Until the thread has read the database clock: the grant was acquired
+        # just before (FencedExecution starts its keep-alive right after
+        # acquire), so its lease is assumed to run from now.
+        self._deadline = time.monotonic() + max(
+            0.0, (grant.expires_at - grant.acquired_at).total_seconds()
+        )
         self._thread = threading.Thread(
             target=self._run, name=f"coordination-keepalive-{grant.key}#{grant.token}", daemon=True
         )
@@ -183,24 +218,77 @@ class KeepAlive:
 
     def _run(self) -> None:
         try:
-            while not self._stopping.wait(self.interval):
+            self._learn_deadline()
+            next_due = self._deadline - self.ttl + self.interval
+            while True:
+                if self._stopping.wait(max(0.0, next_due - time.monotonic())):
+                    return
+                started = time.monotonic()
+                if started >= self._deadline:
+                    self._lose(TimeoutError(
+                        f"no renewal succeeded within the {self.ttl:g} s lease; it may have expired"
+                    ))
+                    return
                 try:
                     locks.renew(self.grant, ttl=self.ttl, using=self.using)
                 except LeaseLost:
                     return  # renew() marked the grant lost and sent lock_lost
                 except Exception as error:
-                    # The database is unreachable or refused: the lease may run out
-                    # unseen, so stop trusting it now.
-                    self.grant.mark_lost()
+                    left = self._deadline - time.monotonic()
+                    if left <= 0:
+                        self._lose(error)
+                        return
+                    # A transient failure: retry on a fresh connection while the
+                    # lease is certainly live, a few times before the deadline.
+                    self.retries += 1
+                    self._reset_connection()
                     logger.warning(
-                        "lease renewal failed key=%s token=%d: %s; the grant is marked lost",
-                        self.grant.key, self.grant.token, error,
+                        "lease renewal failed key=%s token=%d: %s; retrying, %.2f s of the lease left",
+                        self.grant.key, self.grant.token, error, left,
                     )
-                    signals.lock_lost.send(sender=Grant, grant=self.grant, error=error)
-                    return
+                    next_due = time.monotonic() + min(self.interval / 4, max(left / 3, 0.01))
+                    continue
+                took = time.monotonic() - started
+                self._deadline = started + self.ttl
                 self.renewals += 1
+                self.slowest_renewal = max(self.slowest_renewal, took)
+                if took > self.interval:
+                    logger.warning(
+                        "lease renewal key=%s token=%d took %.2f s of a %g s lease",
+                        self.grant.key, self.grant.token, took, self.ttl,
+                    )
+                next_due = started + self.interval
         finally:
             connections.close_all()
+
+    def _learn_deadline(self) -> None:
+        """Read the database clock once: it opens this thread's connection now,
+        not when the first renewal is due, and bounds the lease by the clock
+        that decides it. A failure keeps the estimate made at construction."""
+        started = time.monotonic()
+        try:
+            now = locks.database_now(self.using)
+        except Exception as error:
+            self._reset_connection()
+            logger.warning(
+                "keep-alive key=%s token=%d could not read the database clock: %s",
+                self.grant.key, self.grant.token, error,
+            )
+            return
+        left = (self.grant.expires_at - now).total_seconds()
+        self._deadline = min(self._deadline, started + left)
+
+    def _reset_connection(self) -> None:
+        with suppress(Exception):  # a broken connection may fail to close
+            connections[self.using or app_settings.DATABASE].close()
+
+    def _lose(self, error: BaseException) -> None:
+        self.grant.mark_lost()
+        logger.warning(
+            "lease renewal failed key=%s token=%d: %s; the grant is marked lost",
+            self.grant.key, self.grant.token, error,
+        )
+        signals.lock_lost.send(sender=Grant, grant=self.grant, error=error)
 
 
 class FencedExecution:

@@ -21,7 +21,9 @@ from coordination.exceptions import CoordinationError
 from .models import Account
 
 DEMO_QUEUE_PREFIX = "coordination-demo"  # each run adds its own id: concurrent demos never mix
-DEMO_TTL = 1.0
+# Long enough for B's whole task (acquire, read, write, release) on a loaded
+# machine: a plain lease with no keep-alive must outlast its holder's work.
+DEMO_TTL = 3.0
 
 
 @fenced_task(lock="account:{account_id}", ttl=DEMO_TTL, keepalive=False, on_busy="raise", bind=True)

@@ -830,9 +830,9 @@ def celery_worker_suite(
         deadline = time.monotonic() + timeout
         while len(done) < count:
             left = deadline - time.monotonic()
-            # Short waits, looped to the deadline: redis-py's socket timeout (5 s by
-            # default) aborts a longer BLPOP, e.g. while a loaded machine starts the worker.
-            popped = client.blpop([report], timeout=min(2, max(1, int(left)))) if left > 0 else None
+            # One second at a time: redis-py's default socket timeout (5 s) would
+            # cut a longer BLPOP short while a worker on a busy machine starts.
+            popped = client.blpop([report], timeout=1) if left > 0 else None
             if popped is None:
                 if worker.poll() is not None:
                     raise RuntimeError(f"bench worker exited ({worker.returncode}): {_tail(log.name)}")

@@ -13,7 +13,7 @@ import pytest
 from django.test import override_settings
 from rest_framework.test import APIClient
 
-from ..api_support import full_client, make_user, post
+from ..support.api_support import full_client, make_user, post
 
 pytestmark = pytest.mark.django_db
 

@@ -24,7 +24,7 @@ from coordination.checks import check_watermark_triggers
 from coordination.exceptions import DuplicateWrite, StaleToken, UnfencedWrite
 from coordination.models import Fence, Lock
 from project.demo.models import Account
-from tests.factories import AccountFactory, FenceFactory, LockFactory
+from tests.support.factories import AccountFactory, FenceFactory, LockFactory
 
 pytestmark = pytest.mark.django_db
 

@@ -2,7 +2,7 @@
 
 ::
 
-    t0  A acquire -> lease=1s, token=n
+    t0  A acquire -> lease=3s, token=n
     t1  A pause (SIGSTOP) for longer than its lease
     t2  lease expires (database clock)
     t3  B acquire -> token=n+1 -> write accepted
@@ -104,7 +104,7 @@ class Command(BaseCommand):
         parser.add_argument("--json", metavar="PATH", help="also write the timeline and outcome as JSON")
         parser.add_argument(
             "--pause", type=float, default=2.5,
-            help="seconds worker A stays paused (SIGSTOP); at least its 1 s lease plus B's turn",
+            help="seconds worker A stays paused (SIGSTOP), at least its lease plus B's turn",
         )
         parser.add_argument(
             "--celery-app", default="",

@@ -1,0 +1,122 @@
+"""Interleavings on PostgreSQL's row locks that a grant point must survive: the function
+path (one call per acquire and release) and the ORM transaction alike; and the function
+path's prepared calls."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from django.db import connection, connections
+
+from coordination import locks
+from coordination.backends import get_backend
+from coordination.exceptions import LeaseLost
+from coordination.leases import Lease
+from coordination.models import Grant, GrantEnd, Lock
+from tests.support.waiting import (
+    wait_for,
+    wait_until_blocked_on_a_row_lock,
+    wait_until_database_time_passes,
+)
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
+
+
+@pytest.mark.usefixtures("grant_point")
+def test_grant_issued_and_expired_while_waiting_for_the_row_lock_is_closed_as_expired() -> None:
+    # The acquire's snapshot predates its wait for the row lock; a grant that was
+    # issued and ran out meanwhile is invisible to it, yet must end up closed.
+    first = locks.acquire("snap", holder="A", ttl=30)
+    locks.release(first)
+    lock = Lock.objects.get(key="snap")
+    blocker = connections.create_connection("default")
+    waiter_pid: list[int] = []
+    outcome: list[object] = []
+
+    def acquire_behind_the_blocker() -> None:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_backend_pid()")
+                waiter_pid.append(cursor.fetchone()[0])
+            outcome.append(locks.acquire("snap", holder="B", ttl=30))
+        except Exception as error:  # pragma: no cover - reported below
+            outcome.append(error)
+        finally:
+            connections.close_all()
+
+    try:
+        blocker.set_autocommit(False)
+        with blocker.cursor() as cursor:
+            cursor.execute("SELECT id FROM coordination_lock WHERE key = 'snap' FOR UPDATE")
+            waiter = threading.Thread(target=acquire_behind_the_blocker)
+            waiter.start()
+            wait_for(lambda: waiter_pid, what="the waiter's backend pid")
+            wait_until_blocked_on_a_row_lock(waiter_pid[0])
+            # Another grant, already expired, committed while the waiter waits.
+            cursor.execute(
+                "UPDATE coordination_lock SET token = 2, holder = 'X', lease_hash = 'h',"
+                " acquired_at = clock_timestamp() - interval '2 s',"
+                " expires_at = clock_timestamp() - interval '1 s' WHERE id = %s",
+                [lock.pk],
+            )
+            cursor.execute(
+                "INSERT INTO coordination_grant (lock_id, token, holder, lease_hash, acquired_at,"
+                " expires_at, end_reason) VALUES (%s, 2, 'X', 'h',"
+                " clock_timestamp() - interval '2 s', clock_timestamp() - interval '1 s', '')",
+                [lock.pk],
+            )
+        blocker.commit()
+        waiter.join(30)
+    finally:
+        blocker.close()
+
+    granted = outcome[0]
+    assert isinstance(granted, Lease), granted
+    assert granted.token == 3
+    expired = Grant.objects.get(lock=lock, token=2)
+    assert (expired.end_reason, expired.ended_at) == (GrantEnd.EXPIRED, expired.expires_at)
+    assert not Grant.objects.filter(lock=lock, ended_at=None).exclude(token=3).exists()
+
+
+@pytest.mark.usefixtures("grant_point")
+def test_release_of_a_lease_taken_over_says_so_and_leaves_the_new_holder_alone() -> None:
+    old = locks.acquire("over", holder="A", ttl=0.1)
+    wait_until_database_time_passes(old.expires_at)
+    new = locks.acquire("over", holder="B", ttl=30)
+
+    with pytest.raises(LeaseLost, match="taken over"):
+        locks.release(old)
+    assert Lock.objects.get(key="over").holder == "B"
+    assert Grant.objects.of(old).get().end_reason == GrantEnd.EXPIRED
+    locks.release(new)
+
+
+def _prepared_calls() -> set[str]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        return {row[0] for row in cursor.fetchall() if "coordination_" in row[0]}
+
+
+@pytest.mark.parametrize(
+    ("setting", "threshold", "prepared"),
+    [(None, None, False), (None, 5, True), (True, None, True), (False, 5, False)],
+)
+def test_the_grant_points_calls_are_prepared_as_configured(
+    settings: object, setting: bool | None, threshold: int | None, prepared: bool
+) -> None:
+    # None follows the connection (Django leaves preparation off unless
+    # OPTIONS["prepare_threshold"] is set); a proxy may not keep them.
+    settings.COORDINATION = {  # type: ignore[attr-defined]
+        **settings.COORDINATION, "PREPARED_STATEMENTS": setting,  # type: ignore[attr-defined]
+    }
+    connection.close()
+    connection.ensure_connection()
+    connection.connection.prepare_threshold = threshold
+    assert get_backend().name == "postgresql"  # the default: functions
+    try:
+        locks.release(locks.acquire("prep", holder="A", ttl=30))
+        calls = _prepared_calls()
+    finally:
+        connection.close()
+    assert (len(calls) == 2) is prepared, calls

@@ -1,0 +1,90 @@
+"""The CI smoke run of ``manage.py coordination_bench --quick``: it runs, and its JSON
+has the structure the docs and the chart rely on. No timing is asserted."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+from django.conf import settings
+from django.db import connection
+
+from tests.support.legs import missing_service, services_required
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ROW_FIELDS = {"clients", "ops", "refused", "ops_per_s", "p50_ms", "p99_ms", "ratio_to_floor"}
+
+
+def database_url() -> str:
+    db = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{db['NAME']}"
+    credentials = quote(db["USER"] or "") + (f":{quote(db['PASSWORD'])}" if db["PASSWORD"] else "")
+    return f"postgres://{credentials}@{db['HOST'] or 'localhost'}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
+def test_quick_bench_writes_json_table_and_chart(tmp_path: Path) -> None:
+    out, chart = tmp_path / "bench.json", tmp_path / "bench.png"
+    if not os.environ.get("COORDINATION_TEST_REDIS_URL") and services_required():
+        missing_service("a Redis server for the bench's Redis peer and worker (COORDINATION_TEST_REDIS_URL)")
+
+    # As CI runs it: the command in its own process, against the test database.
+    done = subprocess.run(
+        [sys.executable, str(settings.BASE_DIR / "manage.py"), "coordination_bench", "--quick",
+         "--json", str(out), "--chart", str(chart)],
+        env={**os.environ, "DATABASE_URL": database_url()},
+        capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    results = json.loads(out.read_text())
+    postgres = connection.vendor == "postgresql"
+    cycles = results["cycles"]
+    expected = {"locks"} | ({"raw_sql_floor", "pg_advisory"} if postgres else set())
+    if os.environ.get("COORDINATION_TEST_REDIS_URL"):
+        expected.add("redis_lock")  # CI provides Redis: the peer must have run
+    assert expected <= set(cycles["systems"])
+    for workload in ("many_keys", "hot_key"):
+        for name in cycles["systems"]:
+            series = cycles[workload][name]
+            assert [row["clients"] for row in series] == [1, 2]
+            assert all(set(row) >= ROW_FIELDS for row in series)
+            assert sum(row["ops"] for row in series) > 0, f"{name} did no {workload} cycle"
+    floor = cycles["many_keys"].get("raw_sql_floor")
+    if postgres:
+        assert floor is not None and all(row["ratio_to_floor"] == 1.0 for row in floor)
+    fenced = results["fenced"]
+    for mode in ("autocommit", "in_transaction"):
+        assert fenced[mode]["fenced_update"]["ops"] > 0 and fenced[mode]["plain_update"]["ops"] > 0
+    assert fenced["fenced_over_plain"] > 0
+    if postgres:
+        small, large = results["scale"]["runs"]
+        assert small["lock_rows"] < large["lock_rows"] and large["grant_rows"] > 0
+    else:
+        assert "skipped" in results["scale"]
+    assert ("notify" in results["wakeup"]) is postgres and results["wakeup"]["polling"]["samples"]
+    for mode in ("fair", "unfair"):
+        row = results["fairness"][mode]
+        # Each thread's share is reported, and some thread got the lock (how evenly
+        # is timing, which this smoke run does not judge).
+        assert row["threads"] == 3 and row["cycles_per_s"] > 0
+        assert 0 <= row["grants_per_thread_min"] <= row["grants_per_thread_max"]
+        assert row["grants_per_thread_max"] >= 1
+    celery = results["celery"]
+    assert set(celery) == {"end_to_end", "in_process"}
+    assert celery["in_process"]["fenced"]["tasks"] > 0 and celery["in_process"]["fenced_over_unfenced"] > 0
+    worker = celery["end_to_end"]
+    if os.environ.get("COORDINATION_TEST_REDIS_URL"):  # CI provides Redis: the worker ran
+        for variant in ("fenced", "unfenced"):
+            assert worker[variant]["tasks"] > 0 and worker[variant]["tasks_per_s"] > 0
+        assert worker["fenced_over_unfenced"] > 0 and worker["fenced_over_unfenced_throughput"] > 0
+    else:
+        assert "skipped" in worker or worker["fenced"]["tasks"] > 0
+    assert "acquire + release cycles, many keys" in done.stdout
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,118 @@
+"""Real chaos runs: with fences the history is clean under every fault kind;
+without them (the negative control) the checker finds the stale writes. The
+checker itself is tested on hand-made histories in tests/unit/test_chaos_checker.py."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import connection
+
+from project.lab.chaos import checker
+from project.lab.chaos.faults import FAULT_KINDS, postgres_bindir
+from project.lab.chaos.history import read_events
+from project.lab.chaos.run import ChaosConfig, ChaosRun
+from tests.support.legs import missing_service
+
+# --- real runs ------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.postgres
+@pytest.mark.legs("pg", reason="a 30 s run; the LTS leg runs the same workload code")
+@pytest.mark.django_db(transaction=True)
+def test_a_chaos_run_with_every_fault_kind_keeps_the_fencing_contract(tmp_path: Path) -> None:
+    if postgres_bindir() is None:
+        missing_service("the PostgreSQL server binaries (initdb, pg_ctl) that --manage-postgres runs")
+    # As a user runs it: its own process, against a PostgreSQL server it starts,
+    # so that it can restart it.
+    command = [
+        sys.executable, "manage.py", "coordination_chaos", "--seconds", "30", "--workers", "4",
+        "--keys", "2", "--ttl", "1", "--fault-interval", "1", "--manage-postgres",
+        "--json", str(tmp_path / "figures.json"),
+        "--history", str(tmp_path / "history.jsonl"),
+    ]
+    # Its default database is this run's (migrated) test database; it is not written to.
+    environment = {**os.environ, "DATABASE_URL": database_url()}
+    run = subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True,
+                         timeout=240, check=False)
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output
+    figures = json.loads((tmp_path / "figures.json").read_text())
+    assert figures["passed"] and figures["violations"] == [], output
+    assert set(figures["faults_by_kind"]) == set(FAULT_KINDS), output
+    assert figures["stale_write_attempts"] > 0
+    assert figures["refused_by_reason"].get("stale_token", 0) > 0, output
+    assert figures["accepted_writes"] > 50
+    assert figures["worker_crashes"] == 0, output
+    # The history alone gives the same verdict.
+    assert checker.check(list(read_events(tmp_path / "history.jsonl"))).passed
+
+
+@pytest.mark.legs("pg", reason="a 20 s run on real workers; the LTS leg runs the same workload code")
+@pytest.mark.django_db(transaction=True)
+def test_a_chaos_run_of_fenced_celery_tasks_on_real_workers_keeps_the_contract(tmp_path: Path) -> None:
+    if not os.environ.get("COORDINATION_TEST_REDIS_URL"):
+        missing_service("a Redis broker (COORDINATION_TEST_REDIS_URL)")
+    # The workers are `celery worker` processes; the lock is taken by fenced_task.
+    command = [
+        sys.executable, "manage.py", "coordination_chaos", "--celery", "--seconds", "20",
+        "--ttl", "1", "--fault-interval", "0.8", "--faults", "pause,kill,terminate_backend",
+        "--json", str(tmp_path / "figures.json"),
+    ]
+    environment = {
+        **os.environ, "CELERY_BROKER_URL": os.environ["COORDINATION_TEST_REDIS_URL"],
+        # The test database of this run, which the command and its workers then use.
+        "DATABASE_URL": database_url(),
+    }
+    run = subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True,
+                         timeout=240, check=False)
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output
+    figures = json.loads((tmp_path / "figures.json").read_text())
+    assert figures["celery"] and figures["passed"], output
+    assert figures["accepted_writes"] > 20 and figures["worker_crashes"] == 0, output
+
+
+def database_url() -> str:
+    settings = connection.settings_dict
+    return (f"postgres://{quote(settings['USER'] or '')}:{quote(settings['PASSWORD'] or '')}@"
+            f"{settings['HOST'] or ''}:{settings['PORT'] or ''}/{settings['NAME']}")
+
+
+@pytest.mark.legs("pg", "lts", reason="the negative control; the SQLite leg runs the short fenced run below")
+@pytest.mark.django_db(transaction=True)
+def test_without_fencing_the_checker_finds_stale_writes_accepted(tmp_path: Path) -> None:
+    # Pauses are the fault that makes a late writer; they come often here.
+    config = ChaosConfig(seconds=10, workers=4, keys=2, ttl=0.8, fencing=False, fault_interval=0.7,
+                         faults=("pause",))
+    report = ChaosRun(config, out=io.StringIO()).run()
+    assert not report.passed
+    assert report.figures["worker_crashes"] == 0, report.summary()
+    found = {violation.check for violation in report.violations}
+    assert found & {"stale_write_accepted", "lost_write"}, report.summary()
+    # The command exits non-zero whenever fencing is off: with violations, or with
+    # no stale write to show (a run that proves nothing).
+    with pytest.raises(CommandError, match="no-fencing") as failed:
+        call_command("coordination_chaos", "--seconds", "3", "--no-fencing", "--faults", "pause",
+                     "--fault-interval", "0.6", "--ttl", "0.6", stdout=io.StringIO())
+    assert failed.value.returncode == 1
+
+
+@pytest.mark.legs("sqlite", reason="the PostgreSQL legs run the longer chaos runs above")
+@pytest.mark.django_db(transaction=True)
+def test_a_short_chaos_run_on_the_embedded_sqlite_default_keeps_the_contract() -> None:
+    config = ChaosConfig(seconds=12, workers=4, keys=2, ttl=0.8, fault_interval=0.8, faults=("pause", "kill"))
+    report = ChaosRun(config, out=io.StringIO()).run()
+    assert report.passed, report.summary()
+    assert report.figures["refused_by_reason"].get("stale_token", 0) > 0
+    assert report.figures["worker_crashes"] == 0

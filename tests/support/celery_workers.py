@@ -1,0 +1,215 @@
+"""Real ``celery worker`` processes for the worker tests, and reading their reports.
+
+Workers run ``tests.support.celery_worker_settings``: the site's settings pointed at
+the test database this pytest process created (``connection.settings_dict``
+names it after creation) and at the broker a test chooses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+from django.db import connection
+
+from tests.support.legs import missing_service
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def redis_url() -> str:
+    url = os.environ.get("COORDINATION_TEST_REDIS_URL", "")
+    if not url:
+        missing_service(
+            "a Redis broker: COORDINATION_TEST_REDIS_URL is not set (bin/test starts one; by hand: "
+            "export COORDINATION_TEST_REDIS_URL=redis://127.0.0.1:6379/0)"
+        )
+    return url
+
+
+@dataclass(frozen=True)
+class RedisBroker:
+    """A Redis broker URL and the key prefix that keeps one test's keys apart."""
+
+    url: str
+    prefix: str
+    queues: set[str] = field(default_factory=set, compare=False)
+
+    @classmethod
+    def fresh(cls) -> RedisBroker:
+        return cls(redis_url(), unique("coordination-test") + ":")
+
+    def connection(self) -> Any:
+        from project.celery import app
+
+        return app.connection_for_write(
+            self.url, transport_options={"global_keyprefix": self.prefix}
+        )
+
+    def queue_length(self, queue: str) -> int:
+        return int(redis.Redis.from_url(self.url).llen(self.prefix + queue))
+
+    def unacked_on(self, queue: str) -> int:
+        """Messages of ``queue`` delivered to a worker and not yet acknowledged."""
+        client = redis.Redis.from_url(self.url)
+        pending = client.hvals(self.prefix + "unacked")
+        return sum(1 for raw in pending if json.loads(raw)[2] == queue)
+
+    def clean(self) -> None:
+        client = redis.Redis.from_url(self.url)
+        keys = list(client.scan_iter(match=self.prefix + "*", count=500))
+        # Exchange bindings are kept outside the prefix by kombu.
+        for queue in self.queues:
+            keys += [f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}"]
+        if keys:
+            client.delete(*keys)
+
+
+def worker_environment(broker: str | None, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("CELERY_BROKER_URL", None)
+    env.update(
+        DJANGO_SETTINGS_MODULE="tests.support.celery_worker_settings",
+        COORDINATION_TEST_WORKER_DATABASE=str(connection.settings_dict["NAME"]),
+        PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        COORDINATION_LOG_LEVEL="INFO",
+    )
+    if broker:
+        env["COORDINATION_TEST_WORKER_BROKER"] = broker
+    else:
+        env.pop("COORDINATION_TEST_WORKER_BROKER", None)
+    env.update(extra)
+    return env
+
+
+@dataclass
+class Worker:
+    name: str
+    queue: str
+    process: subprocess.Popen[bytes]
+    log: Path
+    stopped: set[int] = field(default_factory=set)
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def pause(self, pid: int) -> None:
+        """SIGSTOP one of this worker's processes (the task's own, from its report)."""
+        os.kill(pid, signal.SIGSTOP)
+        self.stopped.add(pid)
+
+    def resume(self, pid: int) -> None:
+        os.kill(pid, signal.SIGCONT)
+        self.stopped.discard(pid)
+
+    def stop(self) -> None:
+        for pid in list(self.stopped):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        # Nothing of a test worker needs a graceful shutdown: leases expire, the
+        # test's queues are deleted, and the database drops the connections.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)  # the worker and its pool children
+        self.process.wait(10)
+
+
+def start_worker(
+    name: str,
+    queue: str,
+    log_dir: Path,
+    *,
+    broker: RedisBroker | str | None,
+    pool: str = "solo",
+    concurrency: int = 1,
+    **env: str,
+) -> Worker:
+    if isinstance(broker, RedisBroker):
+        broker.queues.add(queue)
+        env = {"COORDINATION_TEST_REDIS_PREFIX": broker.prefix, **env}
+        broker = broker.url
+    log = log_dir / f"{name}.log"
+    command = [
+        sys.executable, "-m", "celery", "-A", "project", "worker",
+        "-P", pool, "-c", str(concurrency), "-Q", queue, "-n", f"{name}@%h",
+        "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "INFO",
+    ]
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            command, cwd=REPO, env=worker_environment(broker, **env), stdin=subprocess.DEVNULL,
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    return Worker(name=name, queue=queue, process=process, log=log)
+
+
+def wait_ready(workers: Iterable[Worker], timeout: float = 90) -> None:
+    pending = list(workers)
+    deadline = time.monotonic() + timeout
+    while pending:
+        for worker in list(pending):
+            if " ready." in worker.log_text():
+                pending.remove(worker)
+            elif worker.process.poll() is not None:
+                raise AssertionError(f"worker {worker.name} exited:\n{worker.log_text()[-3000:]}")
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                "workers not ready in time:\n"
+                + "\n".join(f"--- {w.name}\n{w.log_text()[-2000:]}" for w in pending)
+            )
+        time.sleep(0.1)
+
+
+def wait_until_workers_disconnect(timeout: float = 15) -> None:
+    """After killing workers: wait for their database sessions to end, so that
+    pytest can drop the test database at the end of the run (PostgreSQL only)."""
+    if connection.vendor != "postgresql":
+        return
+    deadline = time.monotonic() + timeout
+    with connection.cursor() as cursor:
+        while time.monotonic() < deadline:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            (others,) = cursor.fetchone()
+            if not others:
+                return
+            time.sleep(0.1)
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def events(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def wait_for_event(
+    path: Path,
+    predicate: Callable[[dict[str, Any]], bool],
+    *,
+    timeout: float = 30,
+    workers: Iterable[Worker] = (),
+) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        for event in events(path):
+            if predicate(event):
+                return event
+        if time.monotonic() > deadline:
+            logs = "\n".join(f"--- {w.name}\n{w.log_text()[-3000:]}" for w in workers)
+            raise AssertionError(f"no such event in time; events so far: {events(path)}\n{logs}")
+        time.sleep(0.05)

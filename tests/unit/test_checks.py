@@ -1,0 +1,266 @@
+"""System checks: each id fires on the configuration it names, and only there."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.core.checks import ERROR, WARNING
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
+from django.db import connection, models
+from django.test import override_settings
+from django.test.utils import isolate_apps
+
+from coordination import checks
+from coordination.fencing import FencedModel
+
+SQLITE = {"ENGINE": "django.db.backends.sqlite3", "NAME": "x.sqlite3"}
+POSTGRES = {"ENGINE": "django.db.backends.postgresql", "NAME": "x"}
+
+# The database checks only read DATABASES; no connection is opened under the override.
+pytestmark = pytest.mark.filterwarnings("ignore:Overriding setting DATABASES:UserWarning")
+
+
+def ids(messages: list[Any]) -> list[str]:
+    return [message.id for message in messages]
+
+
+def databases(**default: Any) -> dict[str, Any]:
+    return {"default": default}
+
+
+# --- E001 / E004 / W002: the coordination database ----------------------------
+
+
+def test_postgresql_without_atomic_requests_passes() -> None:
+    with override_settings(DATABASES=databases(**POSTGRES)):
+        assert checks.check_database() == []
+
+
+def test_unsupported_database_is_e001() -> None:
+    with override_settings(DATABASES=databases(ENGINE="django.db.backends.mysql", NAME="x")):
+        assert ids(checks.check_database()) == ["coordination.E001"]
+
+
+def test_coordination_alias_missing_from_databases_is_e001() -> None:
+    with override_settings(COORDINATION={"DATABASE": "locks"}):
+        messages = checks.check_database()
+    assert ids(messages) == ["coordination.E001"]
+    assert "'locks'" in messages[0].msg
+
+
+def test_sqlite_without_immediate_transactions_is_e004_naming_the_options() -> None:
+    with override_settings(DATABASES=databases(**SQLITE)):
+        (message,) = checks.check_database()
+    assert message.id == "coordination.E004"
+    assert message.level == ERROR
+    assert 'DATABASES["default"]["OPTIONS"] = {"transaction_mode": "IMMEDIATE", "timeout": 30' in message.hint
+
+
+def test_e004_names_the_grant_points_database_not_the_default() -> None:
+    config = {"default": {**POSTGRES}, "locks": {**SQLITE}}
+    with override_settings(DATABASES=config, COORDINATION={"DATABASE": "locks"}):
+        (message,) = checks.check_database()
+    assert message.id == "coordination.E004"
+    assert "'locks'" in message.msg
+    assert 'DATABASES["locks"]["OPTIONS"]' in message.hint
+
+
+def test_database_checks_run_under_plain_check() -> None:
+    # Not tagged "database": plain `check` (and runserver, and a worker's start) runs them.
+    with override_settings(DATABASES=databases(**SQLITE)), pytest.raises(SystemCheckError) as raised:
+        call_command("check", stdout=StringIO(), stderr=StringIO())
+    assert "coordination.E004" in str(raised.value)
+
+
+def test_sqlite_with_immediate_transactions_passes() -> None:
+    config = {**SQLITE, "OPTIONS": {"transaction_mode": "IMMEDIATE"}}
+    with override_settings(DATABASES=databases(**config)):
+        assert checks.check_database() == []
+
+
+def test_atomic_requests_on_the_coordination_database_is_w002() -> None:
+    with override_settings(DATABASES=databases(**POSTGRES, ATOMIC_REQUESTS=True)):
+        assert ids(checks.check_database()) == ["coordination.W002"]
+
+
+# --- E020-E022 / W020: the apps the REST API needs ------------------------------
+
+SITE_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "coordination",
+]
+API_APPS = ["rest_framework", "rest_framework.authtoken", "drf_spectacular", "drf_spectacular_sidecar"]
+
+
+def without(*missing: str) -> list[str]:
+    return [app for app in SITE_APPS + API_APPS if app not in missing]
+
+
+def test_the_test_site_mounts_the_api() -> None:
+    assert checks.api_is_mounted()
+
+
+@pytest.mark.parametrize(
+    ("missing", "expected"),
+    [
+        ("rest_framework", "coordination.E020"),
+        ("rest_framework.authtoken", "coordination.E021"),
+        ("drf_spectacular", "coordination.E022"),
+    ],
+)
+def test_an_api_app_missing_from_installed_apps_is_an_error_naming_it(missing: str, expected: str) -> None:
+    with override_settings(INSTALLED_APPS=without(missing)):
+        (message,) = checks.check_api_apps()
+    assert message.id == expected
+    assert message.level == ERROR
+    assert repr(missing) in message.msg
+    assert f'Add "{missing}" to INSTALLED_APPS' in message.hint
+
+
+def test_only_coordination_installed_names_every_missing_api_app() -> None:
+    # What the README used to say: "add coordination to INSTALLED_APPS".
+    with override_settings(INSTALLED_APPS=SITE_APPS):
+        assert ids(checks.check_api_apps()) == [
+            "coordination.E020", "coordination.E021", "coordination.E022", "coordination.W020",
+        ]
+
+
+def test_docs_assets_app_missing_is_w020_naming_the_extra() -> None:
+    with override_settings(INSTALLED_APPS=without("drf_spectacular_sidecar")):
+        (message,) = checks.check_api_apps()
+    assert message.id == "coordination.W020"
+    assert message.level == WARNING
+    assert "is installed but not in INSTALLED_APPS" in message.msg
+    assert "django-coordination[api-docs]" in message.hint
+
+
+def test_a_site_without_the_api_urls_needs_no_api_apps() -> None:
+    with override_settings(INSTALLED_APPS=SITE_APPS, ROOT_URLCONF="tests.support.urls_without_api"):
+        assert not checks.api_is_mounted()
+        assert checks.check_api_apps() == []
+
+
+def test_api_urls_included_at_any_depth_count() -> None:
+    with override_settings(ROOT_URLCONF="tests.support.urls_api_nested"):
+        assert checks.api_is_mounted()
+
+
+# --- E002: FencedModel declares its lock --------------------------------------
+
+
+@pytest.fixture
+def isolated_models(monkeypatch: pytest.MonkeyPatch) -> Any:
+    with isolate_apps("project.demo") as registry:
+        monkeypatch.setattr(checks, "apps", registry)
+        yield registry
+
+
+def test_fenced_model_without_fence_lock_is_e002(isolated_models: Any) -> None:
+    class Unguarded(FencedModel):
+        class Meta(FencedModel.Meta):
+            app_label = "demo"
+
+    assert ids(checks.check_fenced_models()) == ["coordination.E002"]
+
+
+def test_fence_lock_naming_a_missing_field_is_e002(isolated_models: Any) -> None:
+    class Misnamed(FencedModel):
+        fence_lock = "thing:{missing}"
+
+        class Meta(FencedModel.Meta):
+            app_label = "demo"
+
+    messages = checks.check_fenced_models()
+    assert ids(messages) == ["coordination.E002"]
+    assert "'missing'" in messages[0].msg
+
+
+def test_fence_lock_over_fields_passes(isolated_models: Any) -> None:
+    class Guarded(FencedModel):
+        owner = models.CharField(max_length=10)
+        fence_lock = "thing:{owner}"
+
+        class Meta(FencedModel.Meta):
+            app_label = "demo"
+
+    assert checks.check_fenced_models() == []
+
+
+# --- E003: settings -------------------------------------------------------------
+
+
+def test_unknown_coordination_setting_is_e003() -> None:
+    with override_settings(COORDINATION={"MAX_TTLS": 5}):
+        assert ids(checks.check_settings()) == ["coordination.E003"]
+
+
+def test_ttl_bounds_out_of_order_is_e003() -> None:
+    with override_settings(COORDINATION={"MIN_TTL": 10.0, "DEFAULT_TTL": 5.0}):
+        assert ids(checks.check_settings()) == ["coordination.E003"]
+
+
+# --- W003: Celery visibility timeout against the longest lease -------------------
+
+
+@pytest.mark.parametrize(
+    ("broker", "options", "max_ttl", "expected"),
+    [
+        ("redis://localhost:6379/0", {"visibility_timeout": 600}, 3600.0, ["coordination.W003"]),
+        ("rediss://cache:6380/0", {"visibility_timeout": 600}, 3600.0, ["coordination.W003"]),
+        ("redis://localhost:6379/0", {}, 7200.0, ["coordination.W003"]),  # default 1 h
+        ("redis://localhost:6379/0", {}, 3600.0, []),
+        ("redis://localhost:6379/0", {"visibility_timeout": 7200}, 7200.0, []),
+        ("sqs://", {}, 3600.0, ["coordination.W003"]),  # default 30 min
+        ("sqs://", {"visibility_timeout": 43200}, 3600.0, []),
+        ("amqp://guest@localhost//", {"visibility_timeout": 1}, 3600.0, []),  # acks, no timeout
+        ("filesystem://", {}, 3600.0, []),
+    ],
+)
+def test_visibility_timeout_shorter_than_max_ttl_is_w003(
+    broker: str, options: dict[str, Any], max_ttl: float, expected: list[str]
+) -> None:
+    with override_settings(
+        CELERY_BROKER_URL=broker,
+        CELERY_BROKER_TRANSPORT_OPTIONS=options,
+        COORDINATION={"MAX_TTL": max_ttl},
+    ):
+        assert ids(checks.check_celery_visibility_timeout()) == expected
+
+
+def test_w003_names_both_numbers_and_the_fix() -> None:
+    with override_settings(
+        CELERY_BROKER_URL="redis://localhost:6379/0",
+        CELERY_BROKER_TRANSPORT_OPTIONS={"visibility_timeout": 600},
+    ):
+        (message,) = checks.check_celery_visibility_timeout()
+    assert "visibility_timeout=600 s" in message.msg
+    assert "MAX_TTL']=3600 s" in message.msg
+    assert "visibility_timeout" in message.hint
+
+
+# --- E023: a Redis broker needs the redis client ---------------------------------
+
+
+def test_redis_broker_without_the_redis_package_is_e023(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_find_spec = checks.importlib.util.find_spec
+
+    def find_spec(name: str, *args: Any) -> Any:
+        return None if name == "redis" else real_find_spec(name, *args)
+
+    monkeypatch.setattr(checks.importlib.util, "find_spec", find_spec)
+    with override_settings(CELERY_BROKER_URL="redis://localhost:6379/0"):
+        (message,) = checks.check_celery_broker_client()
+    assert message.id == "coordination.E023"
+    assert "django-coordination[celery]" in message.hint
+
+
+def test_redis_broker_with_the_redis_package_passes() -> None:
+    with override_settings(CELERY_BROKER_URL="redis://localhost:6379/0"):
+        assert checks.check_celery_broker_client() == []
