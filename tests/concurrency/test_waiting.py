@@ -12,7 +12,7 @@ import pytest
 from django.db import connection, connections
 
 from coordination import locks
-from coordination.backends import get_backend
+from coordination.backends.base import WAKE_UP_CHANNEL
 from coordination.exceptions import LeaseLost, LockHeld
 from coordination.models import Grant, GrantEnd, Lock, Ticket
 from tests.support.waiting import run_in_threads, wait_for, wait_until_database_time_passes
@@ -88,13 +88,25 @@ def test_revoke_wakes_a_waiter() -> None:
     assert granted_at - revoked_at < NOTIFIED_WITHIN, "the revoke did not wake the waiter"
 
 
+def listen_raw() -> Any:
+    """A psycopg connection of the test's own LISTENing on the wake-up channel,
+    to read every notification in order (a waiter's listener only wakes for its key)."""
+    import psycopg
+
+    params = connection.get_connection_params()
+    for django_only in ("cursor_factory", "context", "server_side_binding"):
+        params.pop(django_only, None)
+    listening = psycopg.connect(**params, autocommit=True)
+    listening.execute(f"LISTEN {WAKE_UP_CHANNEL}")
+    return listening
+
+
 @pytest.mark.postgres
 @pytest.mark.usefixtures("polling_too_slow_to_matter")
 def test_only_releases_someone_waits_for_notify() -> None:
     # NOTIFY takes a server-wide lock until commit: a release nobody waits for
     # must not pay it. A waiter says so on the lock row before it sleeps.
-    listening = get_backend().listen()
-    assert listening is not None
+    listening = listen_raw()
 
     def notified_before_a_marker(key: str) -> bool:
         """Whether ``key`` was notified before a marker sent now. Notifications
@@ -102,7 +114,7 @@ def test_only_releases_someone_waits_for_notify() -> None:
         notification of the releases that committed before it; no time window."""
         marker = f"marker:{key}:{time.monotonic_ns()}"
         with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_notify(%s, %s)", [locks.WAKE_UP_CHANNEL, marker])
+            cursor.execute("SELECT pg_notify(%s, %s)", [WAKE_UP_CHANNEL, marker])
         seen = []
         deadline = time.monotonic() + 30
         while marker not in seen:

@@ -14,9 +14,8 @@ from django.test import override_settings
 
 from coordination import locks, signals
 from coordination.contrib.celery import fenced_task
-from coordination.contrib.execution import FencedExecution, KeepAlive, release_quietly
-from coordination.exceptions import InvalidInput, LeaseLost, LockHeld
-from coordination.leases import Lease
+from coordination.contrib.execution import release_quietly
+from coordination.exceptions import InvalidInput, LockHeld
 from coordination.models import Grant, GrantEnd, Lock
 from project.demo.models import Account
 from tests.support.factories import AccountFactory

@@ -6,8 +6,6 @@ import dataclasses
 import datetime as dt
 import math
 import pickle
-from typing import Any
-from unittest import mock
 
 import pytest
 from django.db import IntegrityError, transaction

@@ -166,7 +166,7 @@ def _on_lock_lost(sender: Any, grant: Lease, error: Exception, **kwargs: Any) ->
         record(path, "lease_lost", token=grant.token, error=type(error).__name__)
 
 
-def _on_renewed(sender: Any, grant: Grant, **kwargs: Any) -> None:
+def _on_renewed(sender: Any, grant: Lease, **kwargs: Any) -> None:
     path = _report_for(grant.key, grant.token)
     if path:
         record(path, "renewed", token=grant.token, expires_at=grant.expires_at.isoformat())

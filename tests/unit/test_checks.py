@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from io import StringIO
 from typing import Any
 
 import pytest
 from django.core.checks import ERROR, WARNING
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
-from django.db import connection, models
+from django.db import models
 from django.test import override_settings
 from django.test.utils import isolate_apps
 
