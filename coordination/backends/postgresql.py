@@ -345,7 +345,7 @@ class PostgreSQLOrmGrantPoint(OrmGrantPoint):
     """The ORM transaction on PostgreSQL, with LISTEN/NOTIFY wake-ups.
 
     ``COORDINATION["GRANT_POINT"] = "orm"``: for databases where the app may not
-    create functions. Seven statements per acquire (BEGIN to COMMIT) and six per
+    create functions. Eight statements per acquire (BEGIN to COMMIT) and six per
     release, instead of one call each.
     """
 
