@@ -15,7 +15,7 @@ from django.test.utils import isolate_apps
 
 from coordination import checks
 from coordination.fencing import FencedModel
-from coordination.models import MAX_TOKEN
+from coordination.models import MAX_TOKEN, TokenFloor
 
 from .factories import LockFactory
 
@@ -283,6 +283,18 @@ def test_tokens_past_2_pow_62_are_w004() -> None:
     assert ids(messages) == ["coordination.W004"]
     assert "'busy'" in messages[0].msg
     assert "'calm'" not in messages[0].msg
+
+
+@pytest.mark.django_db
+def test_a_token_floor_past_2_pow_62_is_w004() -> None:
+    TokenFloor.objects.raise_to(2**62)
+    assert checks.check_token_headroom(databases=["default"]) == []
+
+    TokenFloor.objects.raise_to(2**62 + 1)
+
+    messages = checks.check_token_headroom(databases=["default"])
+    assert ids(messages) == ["coordination.W004"]
+    assert "token floor" in messages[0].msg
 
 
 @pytest.mark.django_db
