@@ -4,8 +4,8 @@
 0006, re-created with the token floor by 0008: :func:`install`): one round
 trip, one transaction (the call's own autocommit statement), and the plans of
 the statements inside are cached by the server per connection, with no named
-prepared statement a transaction-pooling proxy could lose. Renew and revoke are the ORM
-transaction of :mod:`coordination.backends.orm`.
+prepared statement a transaction-pooling proxy could lose. Renew and revoke
+are the ORM transaction of :mod:`coordination.backends.orm`.
 
 Why the acquire is safe: its upsert (``INSERT ... ON CONFLICT (key) DO
 UPDATE ... WHERE <grantable>``) locks the key's row before it evaluates the
