@@ -402,7 +402,7 @@ def check_watermark_triggers(
     databases: Sequence[str] | None = None,
     **kwargs: Any,
 ) -> list[CheckMessage]:
-    """W005: a FencedModel, Fence or Lock table lacks its watermark trigger.
+    """W005: a FencedModel, Fence, Lock or TokenFloor table lacks its watermark trigger.
 
     A database check: it runs with ``manage.py check --database default``.
     """
