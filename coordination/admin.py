@@ -47,6 +47,7 @@ from .models import (
     LockQuerySet,
     LockState,
     Rejection,
+    TokenFloor,
 )
 
 DASHBOARD_REFRESH_SECONDS = 10
@@ -231,6 +232,13 @@ class LockAdmin(OperatorActionsMixin, HistoryAdmin):
             .with_state()
             .annotate(db_now=DatabaseNow(), grants_total=Coalesce(Subquery(grants), 0))
         )
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        # Shown above the list: the counter a key the list does not have starts from.
+        context = {"token_floor": TokenFloor.objects.value(), **(extra_context or {})}
+        return super().changelist_view(request, context)
 
     def get_urls(self) -> list[URLPattern]:
         view = self.admin_site.admin_view

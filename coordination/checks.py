@@ -355,13 +355,14 @@ def check_token_headroom(
     databases: Sequence[str] | None = None,
     **kwargs: Any,
 ) -> list[CheckMessage]:
-    """W004: a lock has issued tokens above 2**62, half-way to the 64-bit limit.
+    """W004: a lock has issued tokens above 2**62, or the token floor is above it,
+    half-way to the 64-bit limit.
 
     A database check: it runs with ``manage.py check --database default``.
     """
     from django.db import DatabaseError
 
-    from .models import Lock
+    from .models import Lock, TokenFloor
 
     alias = app_settings.DATABASE
     if not databases or alias not in databases:
@@ -373,19 +374,26 @@ def check_token_headroom(
             .order_by("-token")
             .values_list("key", "token")[:5]
         )
+        floor = TokenFloor.objects.using(alias).value()
     except DatabaseError:  # not migrated yet: nothing has issued tokens
         return []
-    if not worn:
-        return []
-    keys = ", ".join(f"{key!r} ({token})" for key, token in worn)
-    return [
-        Warning(
+    messages: list[CheckMessage] = []
+    if worn:
+        keys = ", ".join(f"{key!r} ({token})" for key, token in worn)
+        messages.append(Warning(
             f"Lock tokens are past 2**62, approaching the 64-bit limit 2**63-1: {keys}.",
             hint="Tokens never wrap: a key that reaches the limit refuses every acquire. "
             "Move the work to new keys, and use smaller restore-guard bumps.",
             id="coordination.W004",
-        )
-    ]
+        ))
+    if floor > TOKEN_WARNING_THRESHOLD:
+        messages.append(Warning(
+            f"The token floor is {floor}, past 2**62, approaching the 64-bit limit 2**63-1.",
+            hint="Every key is issued tokens above the floor, and it never goes down: at the "
+            "limit no key can be granted. Use smaller restore-guard bumps.",
+            id="coordination.W004",
+        ))
+    return messages
 
 
 @register(Tags.database)
@@ -394,7 +402,7 @@ def check_watermark_triggers(
     databases: Sequence[str] | None = None,
     **kwargs: Any,
 ) -> list[CheckMessage]:
-    """W005: a FencedModel, Fence or Lock table lacks its watermark trigger.
+    """W005: a FencedModel, Fence, Lock or TokenFloor table lacks its watermark trigger.
 
     A database check: it runs with ``manage.py check --database default``.
     """

@@ -64,6 +64,7 @@ from .models import (
     Lock,
     Rejection,
     RejectionReason,
+    TokenFloor,
     validate_key,
 )
 
@@ -624,11 +625,15 @@ def raise_fence_to_lock(
     For after a restore from backup (rule 8 of docs/rules.md): a restored watermark can be
     older than tokens already issued and used, and writes of those tokens would
     be accepted again. Afterwards every token below the lock's last one is
-    refused as stale. The last token itself still writes steps above ``step``
-    (default 0: its holder may be mid-work); pass ``step=MAX_TOKEN`` to refuse it
-    too, so that only a new grant can write. A watermark already at or above
-    (last token, ``step``) is left as it is. The fence row is locked while
-    deciding, as for a write. Raises ``Fence.DoesNotExist`` for an unknown resource.
+    refused as stale. Where the token floor (:class:`~coordination.models.TokenFloor`)
+    is above the lock's counter, the floor counts as its last token: no grant
+    is issued a token at or below it any more, and a key first granted after
+    the lock database's backup has no counter to go by. The last token itself
+    still writes steps above ``step`` (default 0: its holder may be mid-work);
+    pass ``step=MAX_TOKEN`` to refuse it too, so that only a new grant can
+    write. A watermark already at or above (last token, ``step``) is left as it
+    is. The fence row is locked while deciding, as for a write. Raises
+    ``Fence.DoesNotExist`` for an unknown resource.
     """
     resource = fence if isinstance(fence, str) else fence.resource
     if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= MAX_TOKEN:
@@ -636,9 +641,11 @@ def raise_fence_to_lock(
     alias = using or app_settings.DATABASE
     with transaction.atomic(using=alias):
         row = Fence.objects.using(alias).select_for_update().get(resource=resource)
-        issued = (
+        issued = max(
             Lock.objects.using(alias).filter(key=row.lock_key).values_list("token", flat=True).first()
-        ) or 0
+            or 0,
+            TokenFloor.objects.using(alias).value(),
+        )
         before = (row.token, row.step)
         after = max(before, (issued, step))
         if after > before:

@@ -36,7 +36,7 @@ from prometheus_client.registry import Collector
 
 from . import signals
 from .conf import app_settings
-from .models import DatabaseNow, GrantEnd, Lock, Rejection, RejectionReason
+from .models import DatabaseNow, GrantEnd, Lock, Rejection, RejectionReason, TokenFloor
 
 __all__ = ["LockStateCollector", "metrics_view"]
 
@@ -140,7 +140,8 @@ def _observe_lease(start: object, end: object) -> None:
 
 
 class LockStateCollector(Collector):
-    """Locks by state (held, expired and not released, free) and the highest token issued."""
+    """Locks by state (held, expired and not released, free), the highest token issued
+    and the token floor."""
 
     def collect(self) -> Iterable[Metric]:
         up = GaugeMetricFamily(
@@ -153,6 +154,7 @@ class LockStateCollector(Collector):
                 free=Count("pk", filter=Q(holder="")),
                 max_token=Max("token"),
             )
+            floor = TokenFloor.objects.using(app_settings.DATABASE).value()
         except DatabaseError:
             up.add_metric([], 0)
             yield up
@@ -169,6 +171,11 @@ class LockStateCollector(Collector):
             "coordination_max_token",
             "The highest token any lock has issued (tokens end at 2**63-1).",
             value=found["max_token"] or 0,
+        )
+        yield GaugeMetricFamily(
+            "coordination_token_floor",
+            "No key is issued a token at or below this one (raised by the restore guard).",
+            value=floor,
         )
 
 

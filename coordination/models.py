@@ -176,6 +176,71 @@ class Lock(models.Model):
         return LockState.HELD if self.expires_at > now else LockState.EXPIRED
 
 
+class TokenFloorQuerySet(models.QuerySet["TokenFloor"]):
+    """The token floor's one row: read it, raise it; never lower it."""
+
+    def value(self) -> int:
+        """The floor: 0 if its row is missing (a test database flushed, a schema made
+        without migrations), as a missing Lock row is a counter at 0."""
+        found = self.filter(pk=TokenFloor.ROW).values_list("token", flat=True).first()
+        return found or 0
+
+    def raise_to(self, token: int) -> int:
+        """Raise the floor to at least ``token``; return the floor afterwards.
+
+        One conditional ``UPDATE`` (two statements, and an ``INSERT`` first, only
+        when the row is missing): safe beside concurrent grants, which only read
+        the floor, and beside concurrent raises (the row lock orders them; each
+        only ever raises). A ``token`` at or below the floor changes nothing.
+        Raises ``InvalidInput`` outside 0..2**63 - 1.
+        """
+        if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token <= MAX_TOKEN:
+            raise InvalidInput(f"a token floor is a whole number from 0 to {MAX_TOKEN}")
+        rows = self.filter(pk=TokenFloor.ROW, token__lt=token)
+        if not rows.update(token=token, raised_at=DatabaseNow()):
+            # At or above already, or no row yet: make it, then raise it.
+            self.bulk_create([TokenFloor(pk=TokenFloor.ROW)], ignore_conflicts=True)
+            rows.update(token=token, raised_at=DatabaseNow())
+        return self.value()
+
+
+class TokenFloor(models.Model):
+    """The token floor: no key is issued a token at or below it (rule 8 of docs/rules.md).
+
+    One row. Every grant point issues a key's next token as ``max(counter, floor)
+    + 1``, so a key the database has never seen starts at ``floor + 1``. After a
+    restore from backup the database has no row for a key first granted after
+    the backup; its counter would start again at 1 and reissue tokens its fences
+    may have accepted. Raising the floor (``coordination_restore_guard --bump N``,
+    :func:`coordination.restore.raise_floor`) covers those keys too. It never
+    goes down: a database trigger refuses an UPDATE that lowers it
+    (:mod:`coordination.watermarks`). A missing row counts as 0.
+    """
+
+    ROW = 1
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=ROW, editable=False)
+    token = models.BigIntegerField(
+        default=0, db_default=0,
+        help_text=_("No key is issued a token at or below this one."),
+    )
+    raised_at = models.DateTimeField(null=True, blank=True, editable=False)
+
+    objects = TokenFloorQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = _("token floor")
+        constraints = [
+            models.CheckConstraint(condition=Q(id=1), name="coordination_tokenfloor_one_row"),
+            models.CheckConstraint(
+                condition=Q(token__gte=0), name="coordination_tokenfloor_token_gte_0"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"token floor {self.token}"
+
+
 class Ticket(models.Model):
     """A waiter's place in the fair queue of a lock key (``acquire(..., fair=True)``).
 

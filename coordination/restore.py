@@ -5,11 +5,15 @@ things that must never go backwards (rule 8 of docs/rules.md):
 
 - **The lock database** (token counters): the next grants would issue tokens
   that were already issued, and used, after the backup. :func:`bump_tokens`
-  raises every counter by N, more than any key can have issued since the
-  backup, so every new token is above every token ever issued.
+  raises the token floor by N (:func:`raise_floor`), then every counter by N,
+  N being more than any key can have issued since the backup, so every new
+  token is above every token ever issued. The floor covers the keys the
+  backup never saw: a key first granted after the backup has no row to bump,
+  and without the floor it would start again at token 1.
 - **A resource store** (watermarks): a token already fenced out would be
   accepted again. :func:`raise_fences` raises every watermark (Fence rows and
-  the ``fence`` columns of FencedModel rows) to its lock's last issued token,
+  the ``fence`` columns of FencedModel rows) to its lock's last issued token
+  (or the token floor, where that is higher),
   with that token closed too (step at its maximum), and ends every current
   lease, so only grants made after the guard can write.
 
@@ -21,6 +25,11 @@ holds locks for long. Raising is idempotent: a second run finds nothing to do.
 Bumping is not, and cannot be: a counter in a restored database cannot tell
 whether it was already bumped since the backup was taken. A second bump is safe
 (tokens may have gaps) but spends token space.
+
+:func:`raise_floor_to` raises the floor to at least a value in one statement,
+beside running grants: the step a failover guard needs (every key's counter
+past anything an old primary could have issued, before the first grant on the
+new one).
 """
 
 from __future__ import annotations
@@ -39,7 +48,7 @@ from . import locks
 from .conf import app_settings
 from .exceptions import CoordinationError, InvalidInput, TokenExhausted
 from .fencing import _PLACEHOLDER, FencedModel, lock_binding, raise_fence_to_lock
-from .models import MAX_TOKEN, Fence, Lock
+from .models import MAX_TOKEN, Fence, Lock, TokenFloor
 
 __all__ = [
     "CLOSED_STEP",
@@ -47,6 +56,8 @@ __all__ = [
     "bump_tokens",
     "fenced_models",
     "raise_fences",
+    "raise_floor",
+    "raise_floor_to",
     "revoke_leases",
 ]
 
@@ -66,6 +77,9 @@ class RestoreReport:
     """What the guard changed, or with ``applied`` False, what it would change."""
 
     applied: bool
+    # The token floor before and after raise_floor (None: not asked to raise it).
+    floor_before: int | None = None
+    floor_after: int | None = None
     locks_bumped: int = 0
     fences_raised: int = 0
     rows_raised: dict[str, int] = field(default_factory=dict)
@@ -76,14 +90,80 @@ class RestoreReport:
     ahead_of_lock: list[str] = field(default_factory=list)
 
     @property
+    def floor_raised(self) -> bool:
+        return (self.floor_after or 0) > (self.floor_before or 0)
+
+    @property
     def changed(self) -> int:
         return (
-            self.locks_bumped + self.fences_raised + sum(self.rows_raised.values())
-            + self.leases_revoked
+            int(self.floor_raised) + self.locks_bumped + self.fences_raised
+            + sum(self.rows_raised.values()) + self.leases_revoked
         )
 
 
-# --- the lock database: token counters -----------------------------------------
+# --- the lock database: the token floor and the counters -------------------------
+
+
+def raise_floor(
+    by: int,
+    *,
+    apply: bool,
+    using: str | None = None,
+    report: RestoreReport | None = None,
+    say: Say = _quiet,
+) -> RestoreReport:
+    """Raise the token floor by ``by``, in a short transaction of its own.
+
+    After restoring the lock database, no key may be issued a token at or
+    below the restored floor plus ``by``: that covers the keys the restored
+    database has never seen (first granted after the backup, so without a row
+    for :func:`bump_tokens` to raise), whose counters would otherwise start
+    again at 1. Their next token is above every token they can have issued
+    since the backup, provided ``by`` is more than that. Concurrent raises add
+    up (the floor's row lock orders them); the floor never goes down.
+
+    Refuses, changing nothing, if the floor would pass 2**63 - 1
+    (``TokenExhausted``). ``InvalidInput`` for ``by`` < 1. Sets the report's
+    ``floor_before`` and ``floor_after`` (planned, on a dry run).
+    """
+    _check_bump(by)
+    alias = using or app_settings.DATABASE
+    report = report or RestoreReport(applied=apply)
+    floors = TokenFloor.objects.using(alias)
+    with transaction.atomic(using=alias):
+        if apply:
+            # The row is locked from here to the commit: raises by others wait, then add.
+            floors.bulk_create([TokenFloor(pk=TokenFloor.ROW)], ignore_conflicts=True)
+            before = floors.select_for_update().value()
+        else:
+            before = floors.value()
+        if before > MAX_TOKEN - by:
+            raise TokenExhausted(
+                f"raising the token floor {before} by {by} would pass the largest 64-bit "
+                f"token {MAX_TOKEN}; nothing was changed. Use a smaller bump."
+            )
+        after = floors.raise_to(before + by) if apply else before + by
+    say(f"token floor: {before} -> {after} (a key this database has never seen starts above it)")
+    report.floor_before, report.floor_after = before, after
+    return report
+
+
+def raise_floor_to(token: int, *, using: str | None = None) -> int:
+    """Raise the token floor to at least ``token``; return the floor afterwards.
+
+    One conditional ``UPDATE``, safe beside running grants and other raises:
+    every grant that begins after it returns is issued a token above ``token``,
+    whatever its key. A ``token`` at or below the floor changes nothing.
+    ``InvalidInput`` outside 0..2**63 - 1. For a guard that knows how high
+    tokens can have gone (a promotion after a failover); after a restore use
+    :func:`raise_floor` (or :func:`bump_tokens`), which raise it by a margin.
+    """
+    return TokenFloor.objects.using(using or app_settings.DATABASE).raise_to(token)
+
+
+def _check_bump(by: int) -> None:
+    if isinstance(by, bool) or not isinstance(by, int) or by < 1:
+        raise InvalidInput("the bump must be a whole number of tokens, at least 1")
 
 
 def bump_tokens(
@@ -96,20 +176,22 @@ def bump_tokens(
     say: Say = _quiet,
     progress: Say = _quiet,
 ) -> RestoreReport:
-    """Raise every lock's token counter by ``by``, ending any lease recorded in it.
+    """Raise the token floor by ``by`` (:func:`raise_floor`), then every lock's
+    token counter by ``by``, ending any lease recorded in it.
 
-    Run after restoring the lock database, before anything acquires again. A
-    lease in the restored rows belongs to the backup's past, so it is revoked
+    Run after restoring the lock database, before anything acquires again. The
+    floor goes first, committed before the counters are listed, so a key whose
+    first grant comes while the guard runs is covered too. A lease in the
+    restored rows belongs to the backup's past, so it is revoked
     (``locks.revoke``) before its lock is bumped: a bumped counter under an
     open lease would leave a grant that can never be closed. Each batch of locks
     is bumped in one short transaction holding their row locks, the grant
     point's own serialisation.
 
-    Refuses the whole bump, changing nothing, if any counter would pass
-    2**63 - 1 (``TokenExhausted``). ``InvalidInput`` for ``by`` < 1.
+    Refuses the whole bump, changing nothing, if the floor or any counter would
+    pass 2**63 - 1 (``TokenExhausted``). ``InvalidInput`` for ``by`` < 1.
     """
-    if isinstance(by, bool) or not isinstance(by, int) or by < 1:
-        raise InvalidInput("the bump must be a whole number of tokens, at least 1")
+    _check_bump(by)
     alias = using or app_settings.DATABASE
     report = report or RestoreReport(applied=apply)
     rows = Lock.objects.using(alias)
@@ -120,6 +202,19 @@ def bump_tokens(
             f"bumping by {by} would take {names} past the largest 64-bit token "
             f"{MAX_TOKEN}; nothing was changed. Use a smaller bump."
         )
+    raise_floor(by, apply=apply, using=alias, report=report, say=say)
+    _bump_counters(by, apply=apply, alias=alias, batch_size=batch_size, report=report,
+                   say=say, progress=progress)
+    return report
+
+
+def _bump_counters(
+    by: int, *, apply: bool, alias: str, batch_size: int, report: RestoreReport, say: Say,
+    progress: Say,
+) -> None:
+    """Raise the counter of every lock row by ``by``: the keys the backup had
+    (the keys it did not have are the floor's)."""
+    rows = Lock.objects.using(alias)
     total = rows.count()
     seen = 0
     for batch in _batches(rows.values_list("pk", "key", "token", "holder"), batch_size):
@@ -139,7 +234,6 @@ def bump_tokens(
         report.leases_revoked += len(held)
         seen += len(batch)
         progress(f"locks: {seen}/{total} {'bumped' if apply else 'checked'}")
-    return report
 
 
 def _bump_free_locks(pks: list[int], by: int, alias: str) -> list[str]:
@@ -191,14 +285,18 @@ def raise_fences(
 ) -> RestoreReport:
     """Raise every watermark to its lock's last issued token, closed, then end every lease.
 
+    The last issued token is the lock's counter, or the token floor where that is
+    higher: no key is issued a token at or below the floor any more, and a key
+    first granted after the lock database's backup has no counter to go by.
+
     Covers the Fence rows (and with them the fenced document store) and each
     concrete :class:`~coordination.fencing.FencedModel` whose ``fence_lock``
     template names concrete fields (``"account:{pk}"``, ``"invoice:{customer}"``):
     the key is computed per row. Rows whose values cannot form their key (a
     value with ``:``) cannot be written by any grant anyway; they are counted in
-    ``rows_unsupported``. A watermark already above its lock's counter is left
-    alone and listed in ``ahead_of_lock``: the lock database is behind and needs
-    a bump. Never lowers a watermark; a second run changes nothing.
+    ``rows_unsupported``. A watermark already above its lock's last issued token
+    is left alone and listed in ``ahead_of_lock``: the lock database is behind
+    and needs a bump. Never lowers a watermark; a second run changes nothing.
 
     ``pending_bump`` is for a dry run after a dry-run bump: it plans against the
     counters as they will be once the bump is applied (and the leases it revokes).
@@ -206,9 +304,10 @@ def raise_fences(
     alias = using or app_settings.DATABASE
     report = report or RestoreReport(applied=apply)
     ahead = 0 if apply else pending_bump
-    _raise_fence_rows(alias, apply, batch_size, ahead, report, say, progress)
+    floor = TokenFloor.objects.using(alias).value() + ahead
+    _raise_fence_rows(alias, apply, batch_size, ahead, floor, report, say, progress)
     for model in fenced_models():
-        _raise_model_rows(model, alias, apply, batch_size, ahead, report, say, progress)
+        _raise_model_rows(model, alias, apply, batch_size, ahead, floor, report, say, progress)
     if not ahead:
         revoke_leases(apply=apply, using=alias, report=report, say=say)
     return report
@@ -243,6 +342,7 @@ def _raise_fence_rows(
     apply: bool,
     batch_size: int,
     ahead: int,
+    floor: int,
     report: RestoreReport,
     say: Say,
     progress: Say,
@@ -253,12 +353,13 @@ def _raise_fence_rows(
     for batch in _batches(rows.values_list("pk", "resource", "lock_key", "token", "step"), batch_size):
         issued = _issued_tokens({lock_key for _pk, _res, lock_key, *_ in batch}, alias, ahead)
         for _pk, resource, lock_key, token, step in batch:
-            last = issued.get(lock_key, 0)
+            last = max(issued.get(lock_key, 0), floor)
             if token > last:
                 report.ahead_of_lock.append(f"fence {resource!r}")
                 say(
                     f"WARNING: fence {resource!r} has accepted token {token}, above lock "
-                    f"{lock_key!r}'s counter {last}: the lock database is behind; bump it"
+                    f"{lock_key!r}'s last issued token {last}: the lock database is behind; "
+                    "bump it"
                 )
                 continue
             if (token, step) >= (last, CLOSED_STEP) or last == 0:
@@ -277,6 +378,7 @@ def _raise_model_rows(
     apply: bool,
     batch_size: int,
     ahead: int,
+    floor: int,
     report: RestoreReport,
     say: Say,
     progress: Say,
@@ -305,12 +407,15 @@ def _raise_model_rows(
         issued = _issued_tokens(set(keys.values()), lock_alias, ahead)
         plan: list[tuple[Any, int]] = []
         for pk, fence, step, *_values in batch:
-            last = issued.get(keys.get(pk, ""), 0)
+            if pk not in keys:
+                continue  # counted in rows_unsupported
+            last = max(issued.get(keys[pk], 0), floor)
             if fence > last:
                 report.ahead_of_lock.append(f"{label}:{pk}")
                 say(
                     f"WARNING: {label}:{pk} has accepted token {fence}, above lock "
-                    f"{keys[pk]!r}'s counter {last}: the lock database is behind; bump it"
+                    f"{keys[pk]!r}'s last issued token {last}: the lock database is behind; "
+                    "bump it"
                 )
             elif last and (fence, step) < (last, CLOSED_STEP):
                 plan.append((pk, last))

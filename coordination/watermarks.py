@@ -8,7 +8,9 @@ UPDATE`` trigger per table:
 - ``<table>_watermark_not_lowered`` refuses an UPDATE that lowers the
   watermark, compared as a row: ``(fence, fence_step)`` of every concrete
   :class:`~coordination.fencing.FencedModel`, ``(token, step)`` of
-  ``coordination_fence``, ``token`` of ``coordination_lock`` (the counter).
+  ``coordination_fence``, ``token`` of ``coordination_lock`` (the counter) and
+  of ``coordination_tokenfloor`` (the token floor, below which no key is
+  issued a token).
 - ``<table>_watermark_must_rise``, only on a FencedModel with
   ``fence_strict = True``, refuses an UPDATE that leaves the watermark where it
   is: every write of such a table must go through ``fenced_update()`` or
@@ -17,7 +19,7 @@ UPDATE`` trigger per table:
 Only UPDATE is guarded: inserts start a row, and deletes (test flushes,
 ``TRUNCATE``) remove it; the app itself never deletes Lock or Fence rows.
 
-``migrate`` installs them: migration 0007 for the app's own tables, and a
+``migrate`` installs them: migrations 0007 and 0008 for the app's own tables, and a
 ``post_migrate`` receiver (:func:`install_after_migrate`) for every concrete
 FencedModel table on the migrated database, the user's apps included. The
 receiver runs after every ``migrate``: SQLite rebuilds a table on most schema
@@ -185,16 +187,17 @@ class Refusal:
 
 
 def watermarks_of(candidates: Iterable[type[models.Model]]) -> list[Watermark]:
-    """The watermarks among these models: Lock, Fence and concrete FencedModels (one per table)."""
+    """The watermarks among these models: Lock, TokenFloor, Fence and concrete
+    FencedModels (one per table)."""
     from .fencing import FencedModel
-    from .models import Fence, Lock
+    from .models import Fence, Lock, TokenFloor
 
     found: dict[str, Watermark] = {}
     for model in candidates:
         meta = model._meta
         if meta.abstract or meta.proxy or not meta.managed:
             continue
-        if issubclass(model, Lock):
+        if issubclass(model, (Lock, TokenFloor)):
             fields: tuple[str, ...] = ("token",)
         elif issubclass(model, Fence):
             fields = ("token", "step")

@@ -7,7 +7,8 @@ clock, and the hooks that wake waiting acquires. Written once here, for every
 backend:
 
 - the grant rule (:func:`grant_refusal`): when a lock is grantable, and the
-  ``LockHeld`` or ``TokenExhausted`` that says why not;
+  ``LockHeld`` or ``TokenExhausted`` that says why not; and the token it issues
+  (:func:`next_token`: one above the key's counter and the token floor);
 - the lease rule (:func:`lease_refusal`): when a lease is still its lock's
   current one, and the ``LeaseLost`` that says why not;
 - the check for "inside the caller's transaction" (:func:`in_caller_transaction`);
@@ -30,7 +31,16 @@ from django.db.models.sql import InsertQuery, Query
 from ..conf import app_settings
 from ..exceptions import InTransaction, LeaseLost, LockHeld, TokenExhausted
 from ..leases import Lease
-from ..models import MAX_TOKEN, DatabaseNow, Grant, GrantEnd, Lock, Ticket, lease_matches
+from ..models import (
+    MAX_TOKEN,
+    DatabaseNow,
+    Grant,
+    GrantEnd,
+    Lock,
+    Ticket,
+    TokenFloor,
+    lease_matches,
+)
 
 __all__ = [
     "WAKE_UP_CHANNEL",
@@ -45,6 +55,7 @@ __all__ = [
     "in_caller_transaction",
     "lease_refusal",
     "new_lease_id",
+    "next_token",
     "refuse_in_caller_transaction",
 ]
 
@@ -75,7 +86,7 @@ class LockSnapshot(NamedTuple):
 
 
 def grant_refusal(
-    lock: LockSnapshot, now: dt.datetime, ahead: int
+    lock: LockSnapshot, now: dt.datetime, ahead: int, floor: int
 ) -> LockHeld | TokenExhausted | None:
     """Why ``lock`` cannot be granted at database time ``now``, or None if it can.
 
@@ -86,10 +97,13 @@ def grant_refusal(
       passed, and a free lock's ``delay_until`` (set when a lease expired or
       was revoked) has passed;
     - no fair waiter's live ticket is ahead (``ahead`` is their count);
-    - the key has not issued the largest 64-bit token (rule 9 of docs/rules.md).
+    - a token is left (rule 9 of docs/rules.md): neither the key's counter nor
+      the token ``floor`` (:class:`~coordination.models.TokenFloor`) is at the
+      largest 64-bit token, since the next token is above both (:func:`next_token`).
 
-    The PostgreSQL function's ``WHERE`` is the SQL twin of this rule; a test
-    checks that the two agree on a grid of lock states.
+    A key never granted is a snapshot with token 0. The PostgreSQL function's
+    ``WHERE`` is the SQL twin of this rule; a test checks that the two agree on a
+    grid of lock states and floors.
     """
     key = lock.key
     if lock.holder:
@@ -119,7 +133,22 @@ def grant_refusal(
             f"lock {key!r} has issued token {lock.token}, the largest 64-bit token; "
             "tokens never wrap: retire this key"
         )
+    if floor >= MAX_TOKEN:
+        return TokenExhausted(
+            f"the token floor is {floor}, the largest 64-bit token: no key can be issued a "
+            f"token above it, {key!r} included; tokens never wrap"
+        )
     return None
+
+
+def next_token(lock: LockSnapshot, floor: int) -> int:
+    """The token a grant of ``lock`` issues: above its counter and above the floor.
+
+    A key never granted (counter 0) starts at ``floor + 1``; a counter below the
+    floor (raised since by a restore guard) jumps over it. Call it only when
+    :func:`grant_refusal` found the lock grantable.
+    """
+    return max(lock.token, floor) + 1
 
 
 def is_current_lease(lock: LockSnapshot, lease: Lease) -> bool:
@@ -216,7 +245,9 @@ def refuse_in_caller_transaction(connection: BaseDatabaseWrapper) -> None:
 
 # --- the app's SQL ----------------------------------------------------------------------
 
-APP_TABLES: Mapping[str, type[models.Model]] = {"lock": Lock, "grant": Grant, "ticket": Ticket}
+APP_TABLES: Mapping[str, type[models.Model]] = {
+    "lock": Lock, "grant": Grant, "ticket": Ticket, "floor": TokenFloor,
+}
 _SQL_TEXT: dict[tuple[str, str], str] = {}
 
 
@@ -226,8 +257,8 @@ def format_sql(
     *,
     tables: Mapping[str, type[models.Model]] | None = None,
 ) -> str:
-    """The app's SQL for ``connection``: ``{lock}``, ``{grant}`` and ``{ticket}``
-    replaced by the quoted names of their tables.
+    """The app's SQL for ``connection``: ``{lock}``, ``{grant}``, ``{ticket}`` and
+    ``{floor}`` replaced by the quoted names of their tables.
 
     ``tables`` maps those names to other models (a migration's historical
     ones); by default they are the app's own, and the text is kept per

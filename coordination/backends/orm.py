@@ -4,8 +4,8 @@ Each change is a transaction of its own that locks the key's row with
 ``SELECT ... FOR UPDATE`` (creating the row first if an acquire finds none:
 ``INSERT ... ON CONFLICT DO NOTHING``, so racing first acquirers of a key queue
 on the same row lock), reads the database clock after the row lock is held,
-applies the grant rule of :mod:`coordination.backends.base` and writes the lock
-and its grant history before committing. Whoever holds the row lock is the only
+reads the token floor, applies the grant rule of :mod:`coordination.backends.base`
+and writes the lock and its grant history before committing. Whoever holds the row lock is the only
 one deciding, so tokens of a key are unique and strictly increasing in grant
 order, and two leases of a key never overlap in database time.
 
@@ -21,7 +21,7 @@ import datetime as dt
 from django.db.models import F
 
 from ..leases import Lease
-from ..models import Grant, GrantEnd, Lock, Ticket, hash_lease_id
+from ..models import Grant, GrantEnd, Lock, Ticket, TokenFloor, hash_lease_id
 from .base import (
     Acquired,
     Ended,
@@ -33,6 +33,7 @@ from .base import (
     lease_refusal,
     never_granted,
     new_lease_id,
+    next_token,
 )
 
 __all__ = ["OrmGrantPoint"]
@@ -51,7 +52,11 @@ class OrmGrantPoint(GrantPoint):
             lock = self._locked_row(key, create=True)
             assert lock is not None
             now = self.now()
-            refusal = grant_refusal(LockSnapshot.of(lock), now, self._tickets_ahead(key, ticket, now))
+            # Read after the row lock (on SQLite: the write lock), in the grant's
+            # own transaction: a floor raised before this acquire began is seen.
+            floor = TokenFloor.objects.using(alias).value()
+            snapshot = LockSnapshot.of(lock)
+            refusal = grant_refusal(snapshot, now, self._tickets_ahead(key, ticket, now), floor)
             if refusal is not None:
                 raise refusal
             taken_over = None
@@ -62,7 +67,7 @@ class OrmGrantPoint(GrantPoint):
                 self._end_current(lock, GrantEnd.EXPIRED, lock.expires_at)
             lease_id = new_lease_id()
             lease_hash = hash_lease_id(lease_id)
-            token = lock.token + 1
+            token = next_token(snapshot, floor)
             expires_at = now + dt.timedelta(seconds=ttl)
             Lock.objects.using(alias).filter(pk=lock.pk).update(
                 token=token, holder=holder, lease_hash=lease_hash,

@@ -1,11 +1,11 @@
 """The grant point on PostgreSQL: one PL/pgSQL function call per acquire and release.
 
 ``acquire()`` and ``release()`` each call one function (installed by migration
-0006, :func:`install`): one round trip, one transaction (the call's own
-autocommit statement), and the plans of the statements inside are cached by
-the server per connection, with no named prepared statement a
-transaction-pooling proxy could lose. Renew and revoke are the ORM
-transaction of :mod:`coordination.backends.orm`.
+0006, re-created with the token floor by 0008: :func:`install`): one round
+trip, one transaction (the call's own autocommit statement), and the plans of
+the statements inside are cached by the server per connection, with no named
+prepared statement a transaction-pooling proxy could lose. Renew and revoke
+are the ORM transaction of :mod:`coordination.backends.orm`.
 
 Why the acquire is safe: its upsert (``INSERT ... ON CONFLICT (key) DO
 UPDATE ... WHERE <grantable>``) locks the key's row before it evaluates the
@@ -17,7 +17,10 @@ row lock is the only one deciding. In READ COMMITTED every later statement of
 a VOLATILE function takes a new snapshot: the grant of the previous token,
 whose transaction committed before this one could lock the row, is visible to
 the statement that closes it. The WHERE is the SQL twin of
-:func:`coordination.backends.base.grant_refusal`.
+:func:`coordination.backends.base.grant_refusal`, and the token it issues is
+:func:`~coordination.backends.base.next_token`'s: above the key's counter and
+above the token floor, read once per call from its one-row table (no extra
+round trip; rule 8 of docs/rules.md).
 
 Waiters are woken with LISTEN/NOTIFY, by both PostgreSQL backends (this one and
 the ORM transaction chosen with ``COORDINATION["GRANT_POINT"] = "orm"``).
@@ -73,7 +76,14 @@ RELEASE_FUNCTION = "coordination_release"
 # One row, granted or not. Granted: lock_id, token, acquired_at, expires_at,
 # grant_id, and the lease this grant took over if it ran out without a
 # release (prev_*). Refused: the lock's state, so the caller can say why
-# without another round trip (lock_id is NULL for a key never granted).
+# without another round trip (lock_id is NULL for a key never granted). Both:
+# the token floor the call read.
+#
+# The token is one above the key's counter and above the token floor (rule 8 of
+# docs/rules.md; base.next_token): a key never granted starts at floor + 1.
+# {read_floor} is how the floor is read (READ_FLOOR, or 0 where the schema has
+# no floor yet). It is read once, before the upsert, in the call's own
+# statement snapshot: a floor committed before the call began is seen.
 CREATE_ACQUIRE_FUNCTION = """
 CREATE OR REPLACE FUNCTION coordination_acquire(
     p_key text, p_holder text, p_hash text, p_ttl double precision,
@@ -81,30 +91,38 @@ CREATE OR REPLACE FUNCTION coordination_acquire(
     OUT granted boolean, OUT lock_id bigint, OUT token bigint, OUT holder text,
     OUT acquired_at timestamptz, OUT expires_at timestamptz, OUT now timestamptz,
     OUT lock_delay double precision, OUT delay_until timestamptz, OUT ahead bigint,
-    OUT grant_id bigint, OUT prev_holder text, OUT prev_acquired_at timestamptz,
-    OUT prev_expires_at timestamptz
+    OUT grant_id bigint, OUT prev_token bigint, OUT prev_holder text,
+    OUT prev_acquired_at timestamptz, OUT prev_expires_at timestamptz,
+    OUT token_floor bigint
 ) LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+    v_prev bigint;
 BEGIN
+    token_floor := {read_floor};
     -- Without a ticket (p_ticket = p_max_token) every live ticket of the key is
-    -- ahead: nobody barges past fair waiters.
+    -- ahead: nobody barges past fair waiters. A floor at the largest token
+    -- leaves no token to issue: no row is proposed, so nothing is granted.
     INSERT INTO {lock} AS l (
         key, token, holder, lease_hash, acquired_at, expires_at, created_at, lock_delay
     )
-    SELECT p_key, 1, p_holder, p_hash, c.t, c.t + make_interval(secs => p_ttl), c.t, p_delay
+    SELECT p_key, token_floor + 1, p_holder, p_hash, c.t, c.t + make_interval(secs => p_ttl),
+        c.t, p_delay
     FROM (SELECT clock_timestamp() AS t) AS c
-    WHERE NOT EXISTS (
+    WHERE token_floor < p_max_token AND NOT EXISTS (
         SELECT 1 FROM {ticket} AS q
         WHERE q.lock_key = p_key AND q.id < p_ticket AND q.expires_at > clock_timestamp()
     )
     ON CONFLICT (key) DO UPDATE SET
-        token = l.token + 1, holder = EXCLUDED.holder, lease_hash = EXCLUDED.lease_hash,
+        token = GREATEST(l.token, token_floor) + 1, holder = EXCLUDED.holder,
+        lease_hash = EXCLUDED.lease_hash,
         (acquired_at, expires_at) = (
             SELECT c.t, c.t + make_interval(secs => p_ttl)
             FROM (SELECT clock_timestamp() AS t) AS c
         ),
         lock_delay = EXCLUDED.lock_delay, delay_until = NULL
     -- The grant rule (base.grant_refusal): free with no lock-delay running, or
-    -- expired with its lock-delay over; below the largest token.
+    -- expired with its lock-delay over; below the largest token (the floor is,
+    -- or no row was proposed).
     WHERE (
             (l.holder = '' AND (l.delay_until IS NULL OR l.delay_until <= clock_timestamp()))
             OR l.expires_at + make_interval(secs => l.lock_delay) <= clock_timestamp()
@@ -125,14 +143,23 @@ BEGIN
     END IF;
 
     granted := true;
-    IF token > 1 THEN
+    -- The key's previous token: token - 1, unless this grant rose to the floor
+    -- (token = floor + 1): then it is the key's last grant at or below the
+    -- floor, if it has one (the lookup runs only for such grants).
+    IF token - 1 > token_floor THEN
+        v_prev := token - 1;
+    ELSIF token > 1 THEN
+        SELECT max(g.token) INTO v_prev FROM {grant} AS g
+        WHERE g.lock_id = coordination_acquire.lock_id;
+    END IF;
+    IF v_prev IS NOT NULL THEN
         -- Only the current lease's grant is ever open. If the previous one still
         -- is, its lease ran out without a release: close it as expired.
         UPDATE {grant} AS g SET ended_at = g.expires_at, end_reason = 'expired'
         WHERE g.lock_id = coordination_acquire.lock_id
-            AND g.token = coordination_acquire.token - 1 AND g.ended_at IS NULL
-        RETURNING g.holder, g.acquired_at, g.expires_at
-        INTO prev_holder, prev_acquired_at, prev_expires_at;
+            AND g.token = v_prev AND g.ended_at IS NULL
+        RETURNING g.token, g.holder, g.acquired_at, g.expires_at
+        INTO prev_token, prev_holder, prev_acquired_at, prev_expires_at;
     END IF;
     INSERT INTO {grant} (lock_id, token, holder, lease_hash, acquired_at, expires_at, end_reason)
     VALUES (lock_id, token, p_holder, p_hash, acquired_at, expires_at, '')
@@ -143,6 +170,12 @@ BEGIN
 END
 $fn$
 """
+
+# How the acquire function reads the token floor: its one row, 0 if the row is
+# missing (TokenFloor.objects.value() reads it the same way).
+READ_FLOOR = "COALESCE((SELECT f.token FROM {floor} AS f WHERE f.id = 1), 0)"
+# Where the schema has no floor table yet (migrations 0006 and 0007).
+NO_FLOOR = "0"
 
 # Release matches the lease by key, token and lease hash, after the row lock
 # is held. The grant row's expires_at (moved together with the lock's by renew)
@@ -220,16 +253,26 @@ def install(
     lock: type[models.Model],
     grant: type[models.Model],
     ticket: type[models.Model],
+    floor: type[models.Model] | None,
 ) -> None:
     """Create the functions on ``connection`` for these models' tables (the
     app's own, or a migration's historical ones). They are dropped first, so
-    a later version may change what they return. Reads no settings."""
+    a later version may change what they return. Reads no settings.
+
+    ``floor`` is the token floor's model; None where the schema has no floor
+    table yet (migrations 0006 and 0007): the acquire then reads the floor as 0.
+    """
     tables = {"lock": lock, "grant": grant, "ticket": ticket}
+    read_floor = NO_FLOOR
+    if floor is not None:
+        tables["floor"] = floor
+        read_floor = READ_FLOOR
     with connection.cursor() as cursor:
         for statement in DROP_FUNCTIONS:
             cursor.execute(statement)
         for template in CREATE_FUNCTIONS:
-            cursor.execute(format_sql(template, connection, tables=tables))
+            with_floor = template.replace("{read_floor}", read_floor)
+            cursor.execute(format_sql(with_floor, connection, tables=tables))
 
 
 def install_if_permitted(
@@ -238,6 +281,7 @@ def install_if_permitted(
     lock: type[models.Model],
     grant: type[models.Model],
     ticket: type[models.Model],
+    floor: type[models.Model] | None,
 ) -> bool:
     """:func:`install`, unless the database refuses the app the right to create
     functions: then the migration goes on without them (False), and the grant
@@ -247,7 +291,7 @@ def install_if_permitted(
         # A savepoint: the refused statement must not abort the migration's
         # own transaction.
         with transaction.atomic(using=connection.alias):
-            install(connection, lock=lock, grant=grant, ticket=ticket)
+            install(connection, lock=lock, grant=grant, ticket=ticket, floor=floor)
     except DatabaseError as error:
         if _sqlstate(error) != INSUFFICIENT_PRIVILEGE:
             raise
@@ -262,9 +306,9 @@ def install_if_permitted(
 def install_for_models(connection: BaseDatabaseWrapper) -> None:
     """Create the functions for the app's current tables on ``connection``
     (for schemas made without migrations, such as the benchmark's)."""
-    from ..models import Grant, Lock, Ticket
+    from ..models import Grant, Lock, Ticket, TokenFloor
 
-    install(connection, lock=Lock, grant=Grant, ticket=Ticket)
+    install(connection, lock=Lock, grant=Grant, ticket=Ticket, floor=TokenFloor)
 
 
 def drop(connection: BaseDatabaseWrapper) -> None:
@@ -301,7 +345,7 @@ class PostgreSQLOrmGrantPoint(OrmGrantPoint):
     """The ORM transaction on PostgreSQL, with LISTEN/NOTIFY wake-ups.
 
     ``COORDINATION["GRANT_POINT"] = "orm"``: for databases where the app may not
-    create functions. Seven statements per acquire (BEGIN to COMMIT) and six per
+    create functions. Eight statements per acquire (BEGIN to COMMIT) and six per
     release, instead of one call each.
     """
 
@@ -415,8 +459,8 @@ class PostgreSQLGrantPoint(PostgreSQLOrmGrantPoint):
         while True:
             (
                 granted, _lock_id, token, current_holder, acquired_at, expires_at, now,
-                current_delay, delay_until, ahead, _grant_id, prev_holder, prev_acquired_at,
-                prev_expires_at,
+                current_delay, delay_until, ahead, _grant_id, prev_token, prev_holder,
+                prev_acquired_at, prev_expires_at, floor,
             ) = self.call(ACQUIRE, params)
             if granted:
                 break
@@ -427,7 +471,7 @@ class PostgreSQLGrantPoint(PostgreSQLOrmGrantPoint):
                     key, token or 0, current_holder or "", "", expires_at,
                     current_delay or 0.0, delay_until,
                 ),
-                now, ahead,
+                now, ahead, floor,
             )
             if refusal is not None:
                 raise refusal
@@ -437,7 +481,7 @@ class PostgreSQLGrantPoint(PostgreSQLOrmGrantPoint):
         )
         taken_over = (
             None if prev_expires_at is None
-            else TakenOver(token - 1, prev_holder, prev_acquired_at, prev_expires_at)
+            else TakenOver(prev_token, prev_holder, prev_acquired_at, prev_expires_at)
         )
         return Acquired(lease, taken_over)
 

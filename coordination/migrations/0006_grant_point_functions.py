@@ -13,6 +13,7 @@ def install_functions(apps, schema_editor):
         lock=apps.get_model("coordination", "Lock"),
         grant=apps.get_model("coordination", "Grant"),
         ticket=apps.get_model("coordination", "Ticket"),
+        floor=None,  # the token floor's table comes with migration 0008
     )
 
 

@@ -38,7 +38,7 @@ from coordination import locks, watermarks
 from coordination.backends import postgresql
 from coordination.conf import app_settings
 from coordination.exceptions import LockHeld
-from coordination.models import Grant, Lock, Ticket
+from coordination.models import Grant, Lock, Ticket, TokenFloor
 
 BENCH_ALIAS = "coordination_bench"
 # One schema per run: runs side by side never drop each other's tables.
@@ -74,7 +74,7 @@ class BenchConfig:
 
 
 def bench_models() -> list[type[models.Model]]:
-    found: list[type[models.Model]] = [Lock, Grant, Ticket]
+    found: list[type[models.Model]] = [Lock, Grant, Ticket, TokenFloor]
     for label in ("coordination.AcceptedWrite", "coordination.Rejection", "demo.Account"):
         with contextlib.suppress(LookupError):
             found.append(apps.get_model(label))

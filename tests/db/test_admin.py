@@ -24,6 +24,7 @@ from coordination.models import (
     IdempotencyRecord,
     Lock,
     Rejection,
+    TokenFloor,
 )
 from tests.support.admin_story import tell_the_seed_story
 from tests.support.waiting import wait_until_database_time_passes
@@ -97,6 +98,16 @@ def test_lock_search_finds_key_and_holder(admin_client: Client) -> None:
     assert keys_in(admin_client.get(reverse(LOCKS), {"q": "expired"}).content.decode()) == {
         "job:expired"
     }
+
+
+def test_lock_list_shows_the_token_floor(admin_client: Client) -> None:
+    assert 'data-token-floor="0"' in admin_client.get(reverse(LOCKS)).content.decode()
+
+    TokenFloor.objects.raise_to(1000)
+
+    page = admin_client.get(reverse(LOCKS)).content.decode()
+    assert 'data-token-floor="1000"' in page
+    assert "Token floor: <strong>1000</strong>" in page
 
 
 def test_lock_change_page_is_read_only_and_links_grants(admin_client: Client) -> None:

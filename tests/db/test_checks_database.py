@@ -11,7 +11,7 @@ from django.core.management.base import SystemCheckError
 from django.db import connection
 
 from coordination import checks
-from coordination.models import MAX_TOKEN
+from coordination.models import MAX_TOKEN, TokenFloor
 from tests.support.factories import LockFactory
 
 
@@ -32,6 +32,18 @@ def test_tokens_past_2_pow_62_are_w004() -> None:
     assert ids(messages) == ["coordination.W004"]
     assert "'busy'" in messages[0].msg
     assert "'calm'" not in messages[0].msg
+
+
+@pytest.mark.django_db
+def test_a_token_floor_past_2_pow_62_is_w004() -> None:
+    TokenFloor.objects.raise_to(2**62)
+    assert checks.check_token_headroom(databases=["default"]) == []
+
+    TokenFloor.objects.raise_to(2**62 + 1)
+
+    messages = checks.check_token_headroom(databases=["default"])
+    assert ids(messages) == ["coordination.W004"]
+    assert "token floor" in messages[0].msg
 
 
 @pytest.mark.django_db

@@ -1,8 +1,10 @@
-"""The grant rule is written once in Python (``backends.base.grant_refusal``); the
-PostgreSQL function's WHERE is its SQL twin. Here every backend of this database
-decides a grid of lock states (free, held, expired, lock-delay running or over,
-delay_until, fair-queue tickets, the last tokens), and must decide each one as the
-Python rule does, so the two cannot drift apart."""
+"""The grant rule is written once in Python (``backends.base.grant_refusal`` and
+``next_token``); the PostgreSQL function's WHERE and SET are its SQL twin. Here every
+backend of this database decides a grid of lock states (free, held, expired,
+lock-delay running or over, delay_until, fair-queue tickets, the last tokens, a key
+never granted) under a rising token floor (below, equal to and above the counters, up
+to the largest token), and must decide each one as the Python rule does and issue the
+token it names, so the two cannot drift apart."""
 
 from __future__ import annotations
 
@@ -15,9 +17,9 @@ from django.db import connection, transaction
 
 from coordination import locks
 from coordination.backends import get_backend
-from coordination.backends.base import LockSnapshot, grant_refusal
+from coordination.backends.base import LockSnapshot, grant_refusal, next_token
 from coordination.exceptions import InTransaction, LockHeld, TokenExhausted
-from coordination.models import MAX_TOKEN, Grant, Lock, Ticket, hash_lease_id
+from coordination.models import MAX_TOKEN, Grant, Lock, Ticket, TokenFloor, hash_lease_id
 
 pytestmark = pytest.mark.django_db
 
@@ -33,12 +35,23 @@ HELD = [
     {"holder": "A", "expires_at": expires, "lock_delay": delay, "delay_until": None}
     for expires, delay in itertools.product([-FAR, FAR], [0.0, FAR / 2, 2 * FAR])
 ]
+NEVER_GRANTED = {"holder": "", "expires_at": None, "lock_delay": 0.0, "delay_until": None}
 TICKETS = ["none", "live", "expired"]
-TOKENS = [5, MAX_TOKEN - 1, MAX_TOKEN]
+# None: a key with no Lock row, never granted.
+TOKENS = [None, 5, MAX_TOKEN - 1, MAX_TOKEN]
+# The floor is one row for every key and never goes down: the grid runs once per
+# floor, in rising order. Below, equal to and above 5 and MAX_TOKEN - 1, then the
+# largest token.
+FLOORS = [0, 4, 5, 6, MAX_TOKEN - 2, MAX_TOKEN - 1, MAX_TOKEN]
 
 
-def states() -> list[tuple[dict[str, Any], str, int]]:
-    return [(lock, tickets, token) for lock in FREE + HELD for tickets in TICKETS for token in TOKENS]
+def states() -> list[tuple[dict[str, Any], str, int | None]]:
+    return [
+        (NEVER_GRANTED if token is None else lock, tickets, token)
+        for token in TOKENS
+        for lock in ([NEVER_GRANTED] if token is None else FREE + HELD)
+        for tickets in TICKETS
+    ]
 
 
 def at(now: dt.datetime, offset: float | None) -> dt.datetime | None:
@@ -60,12 +73,14 @@ def one_attempt(key: str) -> str:
             ACQUIRE, (key, "B", hash_lease_id("x"), 30.0, 0.0, MAX_TOKEN, MAX_TOKEN)
         )
         granted, _, token, holder, _, expires_at, now, delay, delay_until, ahead = row[:10]
+        floor = row[-1]
+        assert floor == TokenFloor.objects.value()  # the function read the floor that is set
         if granted:
             return "granted"
         # Refused by the SQL: the Python rule must name a reason on the state it reports.
         reason = grant_refusal(
             LockSnapshot(key, token or 0, holder or "", "", expires_at, delay or 0.0, delay_until),
-            now, ahead,
+            now, ahead, floor,
         )
         return outcome(reason) if reason is not None else "refused by SQL, grantable by the rule"
     try:
@@ -78,40 +93,48 @@ def one_attempt(key: str) -> str:
 @pytest.mark.usefixtures("grant_point")
 def test_every_backend_decides_a_grid_of_lock_states_as_the_python_rule_does() -> None:
     now = locks.database_now()
+    assert TokenFloor.objects.value() == 0
     disagreements = []
-    for number, (state, tickets, token) in enumerate(states()):
-        key = f"grid-{number}"
-        lock = Lock.objects.create(
-            key=key, token=token, holder=state["holder"],
-            lease_hash="h" if state["holder"] else "",
-            acquired_at=at(now, -2 * FAR) if state["holder"] else None,
-            expires_at=at(now, state["expires_at"]), lock_delay=state["lock_delay"],
-            delay_until=at(now, state["delay_until"]),
-        )
-        if tickets != "none":
-            offset = FAR if tickets == "live" else -FAR
-            Ticket.objects.create(lock_key=key, holder="W", expires_at=at(now, offset))
-        ahead = int(tickets == "live")
-        expected = outcome(grant_refusal(LockSnapshot.of(lock), now, ahead))
+    decided_by_rule = set()
+    for floor in FLOORS:
+        assert TokenFloor.objects.raise_to(floor) == floor
+        for number, (state, tickets, token) in enumerate(states()):
+            key = f"grid-{floor}-{number}"
+            if token is None:
+                snapshot = LockSnapshot(key, 0, "", "", None, 0.0, None)
+            else:
+                lock = Lock.objects.create(
+                    key=key, token=token, holder=state["holder"],
+                    lease_hash="h" if state["holder"] else "",
+                    acquired_at=at(now, -2 * FAR) if state["holder"] else None,
+                    expires_at=at(now, state["expires_at"]), lock_delay=state["lock_delay"],
+                    delay_until=at(now, state["delay_until"]),
+                )
+                snapshot = LockSnapshot.of(lock)
+            if tickets != "none":
+                offset = FAR if tickets == "live" else -FAR
+                Ticket.objects.create(lock_key=key, holder="W", expires_at=at(now, offset))
+            ahead = int(tickets == "live")
+            expected = outcome(grant_refusal(snapshot, now, ahead, floor))
+            decided_by_rule.add((expected, (token or 0) < floor, token == floor))
 
-        decided = one_attempt(key)
+            decided = one_attempt(key)
 
-        if decided != expected:
-            disagreements.append((state, tickets, token, expected, decided))
-        elif decided == "granted":
-            assert Lock.objects.get(key=key).token == token + 1
-            assert Grant.objects.filter(lock__key=key, token=token + 1, holder="B").exists()
-        else:
-            assert Lock.objects.get(key=key).token == token  # a refusal issues no token
+            if decided != expected:
+                disagreements.append((floor, state, tickets, token, expected, decided))
+            elif decided == "granted":
+                issued = next_token(snapshot, floor)
+                assert issued == max(token or 0, floor) + 1
+                assert Lock.objects.get(key=key).token == issued
+                assert Grant.objects.filter(lock__key=key, token=issued, holder="B").exists()
+            else:  # a refusal issues no token
+                assert Lock.objects.filter(key=key).values_list("token", flat=True).first() == token
     assert not disagreements
-    # The grid covers both answers of every clause.
-    assert {"granted", "LockHeld", "TokenExhausted"} <= {
-        outcome(grant_refusal(
-            LockSnapshot("k", token, s["holder"], "", at(now, s["expires_at"]), s["lock_delay"],
-                         at(now, s["delay_until"])), now, int(t == "live"),
-        ))
-        for s, t, token in states()
-    }
+    # The grid covers both answers of every clause, and grants with the floor below,
+    # equal to and above the counter.
+    assert {"granted", "LockHeld", "TokenExhausted"} <= {outcome for outcome, *_ in decided_by_rule}
+    granted = {(below, equal) for outcome, below, equal in decided_by_rule if outcome == "granted"}
+    assert {(True, False), (False, True), (False, False)} <= granted
 
 
 @pytest.mark.django_db(transaction=True)
@@ -140,7 +163,9 @@ def test_migrate_goes_on_without_the_functions_where_the_app_may_not_create_them
         cursor.execute("GRANT USAGE ON SCHEMA public TO coordination_no_functions")
         cursor.execute("SET LOCAL ROLE coordination_no_functions")
     try:
-        installed = postgresql.install_if_permitted(connection, lock=Lock, grant=Grant, ticket=Ticket)
+        installed = postgresql.install_if_permitted(
+            connection, lock=Lock, grant=Grant, ticket=Ticket, floor=TokenFloor
+        )
     finally:
         with connection.cursor() as cursor:
             cursor.execute("RESET ROLE")

@@ -19,7 +19,7 @@ from coordination import locks, signals
 from coordination.exceptions import DuplicateWrite, LeaseLost, StaleToken, WrongLock
 from coordination.fencing import fence
 from coordination.metrics import LockStateCollector
-from coordination.models import Grant, Lock
+from coordination.models import Grant, Lock, TokenFloor
 from tests.support.factories import AccountFactory, LockFactory
 from tests.support.waiting import wait_until_database_time_passes
 
@@ -137,6 +137,7 @@ def test_scrape_reports_lock_states_from_the_database(client: Client) -> None:
     locks.acquire("held:1", holder="w", ttl=30)
     expired = locks.acquire("expired:1", holder="w", ttl=0.1)
     LockFactory(key="free:1", token=41)
+    TokenFloor.objects.raise_to(7)
     wait_until_database_time_passes(expired.expires_at)
 
     samples = scrape(client)
@@ -145,6 +146,7 @@ def test_scrape_reports_lock_states_from_the_database(client: Client) -> None:
     assert samples[("coordination_locks", (("state", "expired"),))] == 1
     assert samples[("coordination_locks", (("state", "free"),))] == 1
     assert samples[("coordination_max_token", ())] == 41
+    assert samples[("coordination_token_floor", ())] == 7
     assert samples[("coordination_database_up", ())] == 1
     assert ("coordination_grants_total", ()) in samples
     assert ("coordination_fenced_writes_total", (("outcome", "stale_token"),)) in samples

@@ -1,11 +1,12 @@
 """Model-based test: random sequences of lock and fence operations on the real
 database, compared after every step with a small in-memory model of the contract.
 
-The model is the contract of docs/rules.md written as plain Python: a counter per key, at most
+The model is the contract of docs/rules.md written as plain Python: a counter per key and
+the token floor under them all (a key's next token is one above both), at most
 one live lease per key, a (token, step) watermark per resource, refusals with
 the reason the contract gives, idempotent operations run once. Hypothesis drives
 acquire, renew, release, revoke, expire (a lease shortened to the minimum TTL,
-then waiting for the database clock), fenced writes to a FencedModel row and a
+then waiting for the database clock), raising the token floor, fenced writes to a FencedModel row and a
 Fence-guarded ledger, writes with the wrong lock, and idempotent retries.
 """
 
@@ -31,10 +32,10 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from coordination import fencing, locks
+from coordination import fencing, locks, restore
 from coordination.exceptions import DuplicateWrite, LeaseLost, LockHeld, StaleToken, WrongLock
 from coordination.leases import Lease
-from coordination.models import Fence, Grant, IdempotencyRecord, Lock, Rejection
+from coordination.models import Fence, Grant, IdempotencyRecord, Lock, Rejection, TokenFloor
 from project.demo.models import Account
 from tests.conftest import grant_points
 from tests.support.waiting import wait_until_database_time_passes
@@ -95,6 +96,7 @@ class FencingContract(RuleBasedStateMachine):
         self.values = itertools.count(1)
         self.idempotent_results: dict[str, int] = {}
         self.idempotent_runs = 0
+        self.floor = TokenFloor.objects.value()  # raised by earlier histories of this test
 
     # --- the grant point ----------------------------------------------------
 
@@ -107,6 +109,7 @@ class FencingContract(RuleBasedStateMachine):
             return multiple()
         grant = locks.acquire(self.keys[index], holder=holder, ttl=LONG_TTL)
         assert grant.token > lock.counter, "a token must be above every token issued before"
+        assert grant.token == max(lock.counter, self.floor) + 1, "and above the token floor"
         lock.counter, lock.current, lock.expired = grant.token, ModelGrant(grant, index), False
         lock.acquired += 1
         return lock.current
@@ -143,6 +146,12 @@ class FencingContract(RuleBasedStateMachine):
         else:
             assert revoked is not None and revoked.token == lock.current.token
         lock.current, lock.expired = None, False
+
+    @rule(by=st.integers(1, 8))
+    def raise_the_floor(self, by: int) -> None:
+        """A restore guard raises the token floor: each key's next token jumps over
+        it when its counter is below, leases and watermarks carry on."""
+        self.floor = restore.raise_floor_to(self.floor + by)
 
     @precondition(lambda self: any(lock.live() for lock in self.lock))
     @rule(data=st.data())

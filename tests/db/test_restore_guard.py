@@ -13,7 +13,7 @@ from django.db import connection, transaction
 from coordination import locks, restore
 from coordination.exceptions import DuplicateWrite, LeaseLost, StaleToken
 from coordination.fencing import fence
-from coordination.models import MAX_TOKEN, Fence, Grant, GrantEnd, Lock
+from coordination.models import MAX_TOKEN, Fence, Grant, GrantEnd, Lock, TokenFloor
 from project.demo.models import Account
 from tests.support.factories import AccountFactory, FenceFactory, LockFactory
 
@@ -65,15 +65,67 @@ def test_bump_after_restore_never_reissues_a_token() -> None:
     assert after.token == 1004 > issued
 
 
+def forget_key(key: str) -> None:
+    """What restoring a backup taken before ``key``'s first grant does: no row, no grants."""
+    Grant.objects.filter(lock__key=key).delete()
+    Lock.objects.filter(key=key).delete()
+
+
+def test_bump_raises_the_floor_over_a_key_first_granted_after_the_backup() -> None:
+    issued = cycle("report:9", 3)  # the backup had no row for this key
+    forget_key("report:9")
+
+    out, _ = guard("--bump", "1000", "--apply")
+
+    assert TokenFloor.objects.value() == 1000
+    after = locks.acquire("report:9", holder="w", ttl=30)
+    assert after.token == 1001 > issued
+    assert "raised the token floor from 0 to 1000; bumped 0 lock counter(s) by 1000" in out
+
+
+def test_without_the_floor_a_key_first_granted_after_the_backup_reissues_its_tokens() -> None:
+    # The negative control: the counters alone (the guard before the floor).
+    issued = cycle("report:9", 3)
+    forget_key("report:9")
+
+    restore._bump_counters(
+        1000, apply=True, alias="default", batch_size=10, report=restore.RestoreReport(applied=True),
+        say=restore._quiet, progress=restore._quiet,
+    )
+
+    assert locks.acquire("report:9", holder="w", ttl=30).token == 1 <= issued
+
+
 def test_bump_is_a_dry_run_without_apply() -> None:
     LockFactory(key="a", token=5)
 
     out, _ = guard("--bump", "100", "-v", "2")
 
     assert Lock.objects.get(key="a").token == 5
+    assert TokenFloor.objects.value() == 0
+    assert "token floor: 0 -> 100" in out
     assert "lock 'a': token counter 5 -> 105" in out
-    assert "would bump 1 lock counter(s) by 100" in out
+    assert "would raise the token floor from 0 to 100; would bump 1 lock counter(s) by 100" in out
     assert "Dry run: nothing was changed" in out
+
+
+def test_each_bump_raises_the_floor_again() -> None:
+    guard("--bump", "100", "--apply")
+    report = restore.bump_tokens(100, apply=True)
+
+    assert (report.floor_before, report.floor_after) == (100, 200)
+    assert locks.acquire("never-seen", holder="w", ttl=30).token == 201
+
+
+def test_bump_refuses_to_take_the_floor_past_the_largest_token_and_changes_nothing() -> None:
+    LockFactory(key="small", token=1)
+    TokenFloor.objects.raise_to(MAX_TOKEN - 10)
+
+    with pytest.raises(CommandError, match=r"token floor .* would pass the largest 64-bit token"):
+        guard("--bump", "11", "--apply")
+
+    assert TokenFloor.objects.value() == MAX_TOKEN - 10
+    assert Lock.objects.get(key="small").token == 1
 
 
 def test_bump_revokes_a_lease_recorded_in_the_restored_rows() -> None:
@@ -205,6 +257,51 @@ def test_raise_fences_never_lowers_a_watermark_ahead_of_its_lock() -> None:
     assert "Run --bump N as well" in err
 
 
+def test_raise_fences_closes_the_tokens_of_a_key_the_restored_lock_rows_never_saw() -> None:
+    FenceFactory(resource="report-9", lock_key="report:9")  # the backup had the fence at 0
+    early = locks.acquire("report:9", holder="paused", ttl=30)  # granted after the backup
+    forget_key("report:9")
+
+    guard("--bump", "50", "--raise-fences", "--apply")
+
+    assert Fence.objects.values_list("token", "step").get() == (50, restore.CLOSED_STEP)
+    with pytest.raises(StaleToken), fence("report-9", early):
+        pass
+    fresh = locks.acquire("report:9", holder="w", ttl=30)
+    assert fresh.token == 51
+    with fence("report-9", fresh) as accepted:
+        assert accepted.token == 51
+
+
+def test_raise_fences_closes_a_fenced_model_row_of_a_key_the_restored_lock_rows_never_saw() -> None:
+    account = AccountFactory()  # restored with its fence at 0
+    key = f"account:{account.pk}"
+    early = locks.acquire(key, holder="paused", ttl=30)  # granted after the backup
+    forget_key(key)
+
+    guard("--bump", "50", "--raise-fences", "--apply")
+
+    assert Account.objects.values_list("fence", "fence_step").get(pk=account.pk) == (
+        50, restore.CLOSED_STEP
+    )
+    with pytest.raises(StaleToken):
+        Account.objects.filter(pk=account.pk).fenced_update(early, balance=Decimal("1"))
+    fresh = locks.acquire(key, holder="w", ttl=30)
+    assert Account.objects.filter(pk=account.pk).fenced_update(fresh, balance=Decimal("2")) == 1
+
+
+def test_a_watermark_under_the_floor_is_not_ahead_of_its_lock() -> None:
+    # A resource store that was not restored, beside a restored and guarded lock database.
+    FenceFactory(resource="report-9", lock_key="report:9", token=3, step=1)
+    TokenFloor.objects.raise_to(1000)
+
+    out, err = guard("--raise-fences", "--apply")
+
+    assert "above lock" not in err
+    assert Fence.objects.values_list("token", "step").get() == (1000, restore.CLOSED_STEP)
+    assert "raised 1 fence(s)" in out
+
+
 def test_bump_and_raise_together_for_one_restored_database() -> None:
     FenceFactory(resource="mailbox-1", lock_key="mailer:1")
     cycle("mailer:1", 2)
@@ -227,7 +324,7 @@ def test_a_lock_acquired_after_the_listing_is_still_revoked_and_bumped() -> None
     raced: list[locks.Lease] = []
 
     def acquire_meanwhile(line: str) -> None:
-        if not raced:  # between the listing and the batch's row locks
+        if not raced and line.startswith("lock "):  # between the listing and the row locks
             raced.append(locks.acquire("job:1", holder="late", ttl=30))
 
     report = restore.bump_tokens(10, apply=True, say=acquire_meanwhile)

@@ -22,7 +22,7 @@ from django.urls import reverse
 from coordination import fencing, locks, watermarks
 from coordination.checks import check_watermark_triggers
 from coordination.exceptions import DuplicateWrite, StaleToken, UnfencedWrite
-from coordination.models import Fence, Lock
+from coordination.models import Fence, Lock, TokenFloor
 from project.demo.models import Account
 from tests.support.factories import AccountFactory, FenceFactory, LockFactory
 
@@ -255,6 +255,20 @@ def test_a_lock_token_counter_is_never_lowered() -> None:
     grant = locks.acquire(lock.key, holder="w", ttl=30)  # the grant point raises it
     locks.release(grant)  # and a release keeps it
     assert grant.token == 6 == Lock.objects.get(pk=lock.pk).token
+
+
+def test_the_token_floor_is_never_lowered() -> None:
+    assert TokenFloor.objects.raise_to(40) == 40
+
+    with pytest.raises(IntegrityError, match=watermarks.NOT_LOWERED):
+        raw_update("UPDATE coordination_tokenfloor SET token = 39 WHERE id = 1")
+    with pytest.raises(IntegrityError, match=watermarks.NOT_LOWERED), transaction.atomic():
+        TokenFloor.objects.update(token=0)
+    assert TokenFloor.objects.raise_to(10) == 40  # raising to less is no change
+
+    assert TokenFloor.objects.value() == 40
+    assert watermarks.missing(connection, watermarks.watermarks_of([TokenFloor])) == []
+    assert locks.acquire("never-seen", holder="w", ttl=30).token == 41
 
 
 def test_a_fence_watermark_is_never_lowered() -> None:

@@ -52,13 +52,12 @@ from http.cookiejar import CookieJar
 from pathlib import Path
 from typing import Any
 
-import django
 import pytest
-from django.db import connection
+
+from tests.support.legs import missing_service
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
-CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 SUPERUSER_PASSWORD = "shop-admin-password-1"
 STORY_TTL = 2.0  # seconds: worker A's lease, which its pause outlasts
 # What a page that loads from outside contains. Not a bare "cdn": the page's random
@@ -160,10 +159,9 @@ def service_url(*names: str, what: str) -> str:
     for name in names:
         if value := os.environ.get(name, "").strip():
             return value
-    message = f"{' or '.join(names)} is not set: the third-party-site test needs {what} (bin/test starts one)"
-    if CI:
-        pytest.fail(message)
-    pytest.skip(message)
+    missing_service(
+        f"{' or '.join(names)} is not set: the third-party-site test needs {what} (bin/test starts one)"
+    )
 
 
 @contextlib.contextmanager
@@ -465,6 +463,7 @@ import os as _os
 import time as _time
 from pathlib import Path as _Path
 
+from tests.support.legs import missing_service
 from coordination import locks as _locks
 from coordination.exceptions import CoordinationError as _CoordinationError
 
@@ -569,13 +568,10 @@ def report_line(capsys: pytest.CaptureFixture[str]) -> Callable[[str], None]:
     return report
 
 
+@pytest.mark.legs("pg", reason="a fresh virtualenv with the main Django installs once per run")
 def test_a_new_site_installed_from_the_readme_refuses_the_paused_workers_late_write(
     tmp_path: Path, report_line: Callable[[str], None]
 ) -> None:
-    if connection.vendor != "postgresql":
-        pytest.skip("the third-party-site test runs once, on the PostgreSQL main leg; this leg is SQLite")
-    if sys.version_info[:2] != (3, 12) or django.VERSION[0] < 6:
-        pytest.skip("the third-party-site test runs once, on the main leg (Python 3.12 + Django 6.1)")
     server_url = service_url("COORDINATION_TEST_DATABASE_URL", "DATABASE_URL", what="a PostgreSQL server")
     broker_url = service_url("COORDINATION_TEST_REDIS_URL", what="a Redis server")
     blocks = installation_blocks(README.read_text())

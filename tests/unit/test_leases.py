@@ -11,7 +11,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
 from coordination.backends import get_backend
-from coordination.backends.base import LockSnapshot, grant_refusal
+from coordination.backends.base import LockSnapshot, grant_refusal, next_token
 from coordination.checks import check_settings
 from coordination.exceptions import LockHeld, TokenExhausted
 from coordination.leases import Lease
@@ -92,7 +92,7 @@ def seconds(n: float) -> dt.datetime:
 def test_the_grant_rule_says_when_and_why_a_lock_is_not_grantable(
     state: LockSnapshot, ahead: int, refused_with: type[Exception] | None, holder_says: str | None
 ) -> None:
-    refusal = grant_refusal(state, NOW, ahead)
+    refusal = grant_refusal(state, NOW, ahead, 0)
 
     if refused_with is None:
         assert refusal is None
@@ -104,10 +104,38 @@ def test_the_grant_rule_says_when_and_why_a_lock_is_not_grantable(
 
 
 def test_a_held_lock_says_until_when_and_how_long_to_wait() -> None:
-    refusal = grant_refusal(snapshot(holder="A", lease_hash="h", expires_at=seconds(4)), NOW, 0)
+    refusal = grant_refusal(snapshot(holder="A", lease_hash="h", expires_at=seconds(4)), NOW, 0, 0)
 
     assert isinstance(refusal, LockHeld)
     assert (refusal.expires_at, refusal.retry_after) == (seconds(4), 4.0)
+
+
+@pytest.mark.parametrize(
+    ("token", "floor", "issued"),
+    [(0, 0, 1), (5, 0, 6), (5, 4, 6), (5, 5, 6), (5, 6, 7), (0, 1000, 1001), (MAX_TOKEN - 1, 0, MAX_TOKEN),
+     (0, MAX_TOKEN - 1, MAX_TOKEN)],
+    ids=["new-key", "no-floor", "floor-below", "floor-equal", "floor-above", "new-key-above-floor",
+         "last-token", "last-token-of-the-floor"],
+)
+def test_the_next_token_is_above_the_counter_and_the_floor(token: int, floor: int, issued: int) -> None:
+    state = snapshot(token=token)
+
+    assert grant_refusal(state, NOW, 0, floor) is None
+    assert next_token(state, floor) == issued
+
+
+@pytest.mark.parametrize("token", [0, 5, MAX_TOKEN - 1, MAX_TOKEN])
+def test_a_floor_at_the_largest_token_leaves_no_token_for_any_key(token: int) -> None:
+    refusal = grant_refusal(snapshot(token=token), NOW, 0, MAX_TOKEN)
+
+    assert isinstance(refusal, TokenExhausted)
+    assert refusal.code == "token_exhausted"
+
+
+def test_a_held_lock_is_held_whatever_the_floor() -> None:
+    held = snapshot(holder="A", lease_hash="h", expires_at=seconds(4))
+
+    assert isinstance(grant_refusal(held, NOW, 0, MAX_TOKEN), LockHeld)
 
 
 @pytest.mark.parametrize("value", [None, "auto", "orm"])

@@ -29,8 +29,9 @@ def _positive(text: str) -> int:
 
 class Command(BaseCommand):
     help = (
-        "After restoring the lock database from a backup, --bump N raises every lock's token "
-        "counter by N. After restoring a resource store, --raise-fences raises every watermark "
+        "After restoring the lock database from a backup, --bump N raises the token floor by N "
+        "(covering keys the backup never saw) and every lock's token counter by N. After "
+        "restoring a resource store, --raise-fences raises every watermark "
         "to its lock's last issued token and revokes the current leases. Both when one database "
         "holds locks and resources. Prints the plan; changes nothing without --apply."
     )
@@ -38,8 +39,9 @@ class Command(BaseCommand):
     def add_arguments(self, parser: ArgumentParser) -> None:
         parser.add_argument(
             "--bump", type=_positive, metavar="N",
-            help="raise every lock's token counter by N: more than any key can have issued "
-            "since the backup was taken (e.g. 1000000000)",
+            help="raise the token floor and every lock's token counter by N: more than any key "
+            "can have issued since the backup was taken, keys first granted since included "
+            "(e.g. 1000000000)",
         )
         parser.add_argument(
             "--raise-fences", action="store_true",
@@ -109,6 +111,11 @@ class Command(BaseCommand):
             return done if report.applied else planned
 
         parts = []
+        if report.floor_after is not None:
+            parts.append(
+                f"{verb('raised', 'would raise')} the token floor from {report.floor_before} "
+                f"to {report.floor_after}"
+            )
         if bump is not None:
             parts.append(
                 f"{verb('bumped', 'would bump')} {report.locks_bumped} lock counter(s) by {bump}"
