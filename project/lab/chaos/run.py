@@ -25,7 +25,7 @@ from django.db import DatabaseError, InterfaceError, connections
 
 from .checker import Report, check
 from .faults import FAULT_KINDS, ManagedPostgres
-from .history import HistoryWriter, iso, merge
+from .history import HistoryWriter, iso, merge, read_events
 from .worker import HOLDING, STARTING
 
 __all__ = ["ChaosConfig", "ChaosError", "ChaosRun"]
@@ -57,6 +57,8 @@ class ChaosConfig:
     faults: tuple[str, ...] = field(default=FAULT_KINDS)
     celery: bool = False  # the workers are `celery worker` processes running a fenced task
     celery_app: str = "project"
+    # Seconds the run may go on past ``seconds`` while no stale write was attempted.
+    extend_up_to: float = 60.0
 
 
 @dataclass
@@ -141,7 +143,23 @@ class ChaosRun:
         self.rng.shuffle(pending)
         next_fault = self.started + self._fault_gap()
         next_sample = self.started
-        while (now := time.monotonic()) < deadline:
+        # A run in which no stale write was attempted proves nothing, whatever the
+        # checker says. On a loaded machine the random pauses may all miss (too
+        # short, or nobody took the lock over meanwhile), so the run goes on past
+        # ``seconds``, pausing holders for longer than a lease, until one bit or
+        # ``extend_up_to`` more seconds have passed.
+        extended = False
+        limit = deadline + (config.extend_up_to if "pause" in kinds else 0.0)
+        next_look = deadline
+        while (now := time.monotonic()) < limit:
+            if now >= deadline and now >= next_look:
+                if self._stale_write_attempted():
+                    break
+                if not extended:
+                    extended = True
+                    self._say(f"chaos: no stale write attempted in {config.seconds:g} s; running on "
+                              f"(pauses longer than a lease) for up to {config.extend_up_to:g} s more")
+                next_look = now + 2.0
             if config.celery:
                 self._send_tasks(now)
             self._resume_due(now)
@@ -150,9 +168,12 @@ class ChaosRun:
                 self._sample()
                 next_sample = now + 0.3
             if kinds and now >= next_fault:
-                kind = pending.pop() if pending else self._weighted_fault(kinds)
-                if not self._inject(kind) and kind not in pending:
-                    pending.append(kind)  # no worker to pause now: try it again next time
+                if extended:
+                    self._inject("pause", long_pause=True)
+                else:
+                    kind = pending.pop() if pending else self._weighted_fault(kinds)
+                    if not self._inject(kind) and kind not in pending:
+                        pending.append(kind)  # no worker to pause now: try it again next time
                 next_fault = time.monotonic() + self._fault_gap()
             time.sleep(0.02)
         self._stop_workers()
@@ -347,15 +368,20 @@ class ChaosRun:
 
     # --- faults ------------------------------------------------------------------
 
-    def _inject(self, kind: str) -> bool:
-        """Inject one fault of ``kind``; False if there was nothing to inject it into."""
+    def _inject(self, kind: str, *, long_pause: bool = False) -> bool:
+        """Inject one fault of ``kind``; False if there was nothing to inject it into.
+
+        ``long_pause``: a pause of 2 to 4 leases, so that the lease runs out and
+        another worker can take the lock over while this one sleeps.
+        """
         assert self.log is not None
         fault: dict[str, Any] = {"type": "fault", "kind": kind}
         if kind == "pause":
             worker = self._pick_holding()
             if worker is None:
                 return False
-            duration = self.rng.uniform(0.5, 3.0) * self.config.ttl
+            low, high = (2.0, 4.0) if long_pause else (0.5, 3.0)
+            duration = self.rng.uniform(low, high) * self.config.ttl
             fault.update(worker=worker.name, seconds=round(duration, 3), holding=worker.holding())
             with contextlib.suppress(ProcessLookupError):
                 os.kill(worker.process.pid, signal.SIGSTOP)
@@ -381,6 +407,13 @@ class ChaosRun:
         self._say(f"chaos: t+{time.monotonic() - self.started:5.1f}s fault {kind} "
                   f"{fault.get('worker', '')}".rstrip())
         return True
+
+    def _stale_write_attempted(self) -> bool:
+        """Whether the history so far holds a write with a token older than one
+        already used on its resource (the histories are flushed line by line)."""
+        events = [event for path in sorted(self.workdir.glob("*.jsonl")) for event in read_events(path)]
+        events.sort(key=lambda event: float(event.get("mono", 0.0)))
+        return check(events).stale_attempts > 0
 
     def _pick_holding(self) -> WorkerProcess | None:
         """A running worker that holds a lease and has not written yet, if one shows up
