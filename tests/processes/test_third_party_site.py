@@ -463,7 +463,6 @@ import os as _os
 import time as _time
 from pathlib import Path as _Path
 
-from tests.support.legs import missing_service
 from coordination import locks as _locks
 from coordination.exceptions import CoordinationError as _CoordinationError
 
