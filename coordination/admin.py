@@ -1,11 +1,18 @@
 """The operator's view: locks, grants, fences and refused writes, and a dashboard.
 
-Everything here is read-only history except two operator actions, each with a
+Everything here is read-only history except three operator actions, each with a
 permission of its own, a confirmation page and an admin log entry:
 
 - revoke a lock (``coordination.revoke_lock``): :func:`coordination.locks.revoke`;
 - raise a fence to its lock's last token (``coordination.raise_fence``):
-  :func:`coordination.fencing.raise_fence_to_lock`, for after a restore.
+  :func:`coordination.fencing.raise_fence_to_lock`, for after a restore;
+- re-bind a document to another lock key (``coordination.rebind_document``):
+  :func:`coordination.documents.rebind_document`.
+
+Access rules (:mod:`coordination.access`, edited here as AccessRule rows) limit
+what a user sees and does to the keys their rules allow: every list of per-key
+rows leaves out the others, the dashboard too, and revoking or raising needs
+the ``revoke`` action on the key.
 
 Lock and fence rows are never deleted (rule 8 of docs/rules.md): their counters and
 watermarks are what keeps old tokens refused. States and times are decided with
@@ -20,12 +27,14 @@ from typing import Any, cast
 from urllib.parse import urlencode
 
 import django
+from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count, OuterRef, QuerySet, Subquery
 from django.db.models.functions import Coalesce
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
@@ -33,10 +42,12 @@ from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
-from . import dashboard, fencing, locks
-from .exceptions import StaleToken, UnfencedWrite
+from . import access, dashboard, documents, fencing, locks
+from .exceptions import InvalidInput, StaleToken, UnfencedWrite
 from .models import (
+    KEY_MAX_LENGTH,
     AcceptedWrite,
+    AccessRule,
     DatabaseNow,
     Document,
     Fence,
@@ -48,6 +59,7 @@ from .models import (
     LockState,
     Rejection,
     TokenFloor,
+    validate_key,
 )
 
 DASHBOARD_REFRESH_SECONDS = 10
@@ -127,6 +139,18 @@ def _has_perm(request: HttpRequest, codename: str) -> bool:
     return request.user.has_perm(f"coordination.{codename}")
 
 
+def _readable(request: HttpRequest, rows: QuerySet[Any], field: str) -> QuerySet[Any]:
+    """``rows`` of the lock keys (column ``field``) the user's access rules let them read."""
+    return access.for_request(request).filter(rows, "read", field)
+
+
+def _require_rules(request: HttpRequest, action: str, keys: Sequence[str]) -> None:
+    """403 unless the user's access rules allow ``action`` on every one of ``keys``."""
+    rules = access.for_request(request)
+    if not all(rules.allows(action, key) for key in keys):
+        raise PermissionDenied
+
+
 def _page_context(
     request: HttpRequest,
     model_admin: admin.ModelAdmin,  # type: ignore[type-arg]
@@ -166,8 +190,10 @@ def _confirmation(
     rows: Sequence[Sequence[Any]],
     headers: Sequence[str],
     action: str | None,
+    hidden: Sequence[tuple[str, str]] = (),
 ) -> TemplateResponse:
-    """The page between choosing an operator action and running it."""
+    """The page between choosing an operator action and running it; ``hidden`` are
+    form fields sent again with the confirmation."""
     context = {
         **_page_context(request, model_admin, title, changelist=True),
         "explanation": explanation,
@@ -177,6 +203,7 @@ def _confirmation(
         "headers": headers,
         "action": action,
         "action_checkbox_name": ACTION_CHECKBOX_NAME,
+        "hidden": hidden,
     }
     return TemplateResponse(request, "coordination/admin/confirm_action.html", context)
 
@@ -227,11 +254,12 @@ class LockAdmin(OperatorActionsMixin, HistoryAdmin):
         )
         # db_now is read in the same statement as the state, so "expires in" and
         # the badge agree, and both come from the database clock.
-        return (
+        rows = (
             cast(LockQuerySet, super().get_queryset(request))
             .with_state()
             .annotate(db_now=DatabaseNow(), grants_total=Coalesce(Subquery(grants), 0))
         )
+        return _readable(request, rows, "key")
 
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
@@ -306,6 +334,7 @@ class LockAdmin(OperatorActionsMixin, HistoryAdmin):
     def _revoke_confirmation(
         self, request: HttpRequest, chosen: list[Lock], *, action: str | None
     ) -> TemplateResponse:
+        _require_rules(request, "revoke", [lock.key for lock in chosen])
         return _confirmation(
             request, self,
             title=str(_("Revoke locks?")) if len(chosen) > 1 else str(_("Revoke this lock?")),
@@ -325,6 +354,7 @@ class LockAdmin(OperatorActionsMixin, HistoryAdmin):
         )
 
     def _revoke(self, request: HttpRequest, chosen: list[Lock]) -> None:
+        _require_rules(request, "revoke", [lock.key for lock in chosen])
         revoked = 0
         for lock in chosen:
             grant = locks.revoke(lock.key)
@@ -376,7 +406,13 @@ class LockAdmin(OperatorActionsMixin, HistoryAdmin):
             refresh = max(0, min(int(request.GET.get("refresh", DASHBOARD_REFRESH_SECONDS)), 3600))
         except ValueError:
             refresh = DASHBOARD_REFRESH_SECONDS
-        data = dashboard.build_dashboard(keys)
+        shown = dashboard.Shown(
+            grants=_has_perm(request, "view_grant"),
+            rejections=_has_perm(request, "view_rejection"),
+            accepted_writes=_has_perm(request, "view_acceptedwrite"),
+            access=access.for_request(request),
+        )
+        data = dashboard.build_dashboard(keys, shown=shown)
         context = {
             **_page_context(request, self, str(_("Dashboard")), changelist=False),
             "title": _("Coordination dashboard"),
@@ -432,7 +468,8 @@ class GrantAdmin(HistoryAdmin):
     )
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Grant]:
-        return cast("QuerySet[Grant]", super().get_queryset(request).annotate(db_now=DatabaseNow()))
+        rows = super().get_queryset(request).annotate(db_now=DatabaseNow())
+        return cast("QuerySet[Grant]", _readable(request, rows, "lock__key"))
 
     @admin.display(description=_("lock"), ordering="lock__key")
     def lock_link(self, grant: Grant) -> str:
@@ -474,7 +511,7 @@ class FenceAdmin(OperatorActionsMixin, HistoryAdmin):
             issued=Coalesce(Subquery(lock.values("token")[:1]), 0),
             lock_pk=Subquery(lock.values("pk")[:1]),
         )
-        return cast("QuerySet[Fence]", rows)
+        return cast("QuerySet[Fence]", _readable(request, rows, "lock_key"))
 
     def get_urls(self) -> list[URLPattern]:
         view = self.admin_site.admin_view
@@ -542,6 +579,7 @@ class FenceAdmin(OperatorActionsMixin, HistoryAdmin):
     def _raise_confirmation(
         self, request: HttpRequest, chosen: list[Fence], *, action: str | None
     ) -> TemplateResponse:
+        _require_rules(request, "revoke", [fence.lock_key for fence in chosen])
         return _confirmation(
             request, self,
             title=str(_("Raise watermarks?")) if len(chosen) > 1 else str(_("Raise this watermark?")),
@@ -563,6 +601,7 @@ class FenceAdmin(OperatorActionsMixin, HistoryAdmin):
         )
 
     def _raise(self, request: HttpRequest, chosen: list[Fence]) -> None:
+        _require_rules(request, "revoke", [fence.lock_key for fence in chosen])
         raised = 0
         for fence in chosen:
             result = fencing.raise_fence_to_lock(fence.resource)
@@ -625,6 +664,9 @@ class RejectionAdmin(HistoryAdmin):
     search_fields = ["resource", "lock_key", "holder"]
     date_hierarchy = "created_at"
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Rejection]:
+        return _readable(request, super().get_queryset(request), "lock_key")
+
     @admin.display(description=_("lock"), ordering="lock_key")
     def lock(self, rejection: Rejection) -> str:
         return _timeline_link(rejection.lock_key)
@@ -642,6 +684,9 @@ class AcceptedWriteAdmin(HistoryAdmin):
     search_fields = ["resource", "lock_key", "holder"]
     date_hierarchy = "created_at"
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet[AcceptedWrite]:
+        return _readable(request, super().get_queryset(request), "lock_key")
+
     @admin.display(description=_("lock"), ordering="lock_key")
     def lock(self, write: AcceptedWrite) -> str:
         return _timeline_link(write.lock_key)
@@ -654,16 +699,177 @@ class IdempotencyRecordAdmin(HistoryAdmin):
     search_fields = ["key"]
     date_hierarchy = "created_at"
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet[IdempotencyRecord]:
+        # A record names no lock key (the API's are hashed) but holds results, a
+        # document's data among them: a user limited by access rules sees none.
+        rows = super().get_queryset(request)
+        return rows.none() if access.for_request(request).limited else rows
+
+
+class RebindForm(forms.Form):
+    """The new lock key of a document: a valid key, another one, one the user may write with."""
+
+    lock_key = forms.CharField(
+        label=_("New lock key"), max_length=KEY_MAX_LENGTH,
+        help_text=_("Grants of this key write the document from now on; grants of the "
+                    "current key are refused as wrong_lock."),
+    )
+
+    def __init__(self, *args: Any, document: Document, rules: access.Access, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.document, self.rules = document, rules
+
+    def clean_lock_key(self) -> str:
+        key = str(self.cleaned_data["lock_key"])
+        try:
+            validate_key(key, what="lock key")
+        except InvalidInput as error:
+            raise forms.ValidationError(error.detail, code="invalid") from None
+        if key == self.document.fence.lock_key:
+            raise forms.ValidationError(_("The document is already bound to this key."), code="same")
+        for checked in (self.document.fence.lock_key, key):
+            if not self.rules.allows("write", checked):
+                raise forms.ValidationError(
+                    _("Your access rules do not allow writing with lock key %(key)s."),
+                    code="key_forbidden", params={"key": checked},
+                )
+        return key
+
 
 @admin.register(Document)
 class DocumentAdmin(HistoryAdmin):
-    list_display = ["name", "watermark", "updated_at"]
+    list_display = ["name", "lock", "watermark", "updated_at"]
     list_select_related = ["fence"]
-    search_fields = ["name"]
+    search_fields = ["name", "fence__lock_key"]
+    fields = readonly_fields = ("name", "lock", "watermark", "data", "updated_at")
+    change_form_template = "coordination/admin/document_change_form.html"
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Document]:
+        return _readable(request, super().get_queryset(request), "fence__lock_key")
+
+    def get_urls(self) -> list[URLPattern]:
+        view = self.admin_site.admin_view
+        return [
+            path("<path:object_id>/rebind/", view(self.rebind_view),
+                 name="coordination_document_rebind"),
+            *super().get_urls(),
+        ]
+
+    def has_rebind_permission(self, request: HttpRequest) -> bool:
+        return _has_perm(request, "rebind_document")
+
+    @admin.display(description=_("lock"), ordering="fence__lock_key")
+    def lock(self, document: Document) -> str:
+        return _timeline_link(document.fence.lock_key)
 
     @admin.display(description=_("watermark (token, step)"))
     def watermark(self, document: Document) -> str:
         return f"{document.fence.token}, {document.fence.step}"
+
+    def rebind_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """Re-bind: a form for the new key, a confirmation page, then the change and its log entry."""
+        if not self.has_rebind_permission(request):
+            raise PermissionDenied
+        # get_object() answers None for a pk that is not a number, too.
+        document = self.get_object(request, object_id)
+        if document is None:
+            raise Http404(_("No such document."))
+        rules = access.for_request(request)
+        form = RebindForm(request.POST or None, document=document, rules=rules)
+        if request.method == "POST" and form.is_valid():
+            key = form.cleaned_data["lock_key"]
+            if request.POST.get("confirm") != "yes":
+                return self._rebind_confirmation(request, document, key)
+            try:
+                result = documents.rebind_document(document.name, key)
+            except InvalidInput as error:  # re-bound meanwhile by someone else
+                form.add_error("lock_key", error.detail)
+            else:
+                self.log_change(request, document, _rebind_message(result))
+                self.message_user(request, _rebind_message(result), messages.SUCCESS)
+                return HttpResponseRedirect(
+                    reverse("admin:coordination_document_change", args=[document.pk])
+                )
+        context = {
+            **_page_context(request, self, str(_("Re-bind this document?")), changelist=True),
+            "document": document,
+            "form": form,
+        }
+        return TemplateResponse(request, "coordination/admin/rebind_document.html", context)
+
+    def _rebind_confirmation(
+        self, request: HttpRequest, document: Document, key: str
+    ) -> TemplateResponse:
+        fence = document.fence
+        counter = Lock.objects.filter(key=key).values_list("token", flat=True).first() or 0
+        return _confirmation(
+            request, self,
+            title=str(_("Re-bind this document?")),
+            explanation=str(_(
+                "From now on only grants of %(new)s write this document; grants of %(old)s are "
+                "refused as wrong_lock. Its watermark stays at token %(token)s: the token "
+                "counter of %(new)s is raised to at least %(token)s, so its next grant can "
+                "write, and its grants issued before now are refused as stale. Neither the "
+                "watermark nor any counter goes down."
+            ) % {"new": key, "old": fence.lock_key, "token": fence.token}),
+            button=str(_("Yes, re-bind")),
+            objects=[document],
+            headers=[str(_("document")), str(_("lock now")), str(_("new lock")),
+                     str(_("watermark")), str(_("new lock's counter"))],
+            rows=[[document.name, fence.lock_key, key, self.watermark(document),
+                   f"{counter} \u2192 {max(counter, fence.token)}"]],
+            action=None,
+            hidden=[("lock_key", key)],
+        )
+
+    def changeform_view(
+        self,
+        request: HttpRequest,
+        object_id: str | None = None,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        extra = {**(extra_context or {}), "can_rebind": self.has_rebind_permission(request)}
+        return super().changeform_view(request, object_id, form_url, extra)
+
+
+def _rebind_message(result: documents.Rebind) -> str:
+    counter = (
+        f"; the counter of {result.after} was raised from {result.counter_before} to "
+        f"{result.counter_after}" if result.counter_raised else ""
+    )
+    return (
+        f"Re-bound from lock {result.before} to lock {result.after}; the watermark stays at "
+        f"token {result.watermark[0]} (step {result.watermark[1]}){counter}."
+    )
+
+
+# --- access rules -------------------------------------------------------------------
+
+
+@admin.register(AccessRule)
+class AccessRuleAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """Who may use which keys (docs/access-rules.md); Django's model permissions on
+    AccessRule say who may edit them, which is as much as giving every key away."""
+
+    list_display = ["who", "pattern", "acquire", "write", "read", "revoke", "created_at"]
+    list_display_links = ["who", "pattern"]
+    list_filter = ["acquire", "write", "read", "revoke"]
+    list_select_related = ["user", "group"]
+    fieldsets = [
+        (None, {"fields": ["user", "group", "pattern"]}),
+        (_("Allowed on these keys"), {"fields": ["acquire", "write", "read", "revoke"]}),
+    ]
+
+    def get_search_fields(self, request: HttpRequest) -> list[str]:
+        username = get_user_model().USERNAME_FIELD
+        return ["pattern", f"user__{username}", "group__name"]
+
+    @admin.display(description=_("who"), ordering="user")
+    def who(self, rule: AccessRule) -> str:
+        if rule.user_id:
+            return str(_("user %(name)s") % {"name": rule.user})
+        return str(_("group %(name)s") % {"name": rule.group})
 
 
 def _duration(seconds: float) -> str:

@@ -222,6 +222,25 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
     return []
 
 
+@register()
+def check_access_rules(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    """E030: COORDINATION["ACCESS_RULES"] is not "auto", "enforce" or "off"."""
+    from .access import MODES
+
+    value = ({**DEFAULTS, **(getattr(settings, "COORDINATION", {}) or {})}).get("ACCESS_RULES")
+    if value in MODES:
+        return []
+    return [
+        Error(
+            f"COORDINATION['ACCESS_RULES'] is {value!r}.",
+            hint='Use "auto" (rules apply once any access rule exists; the default), '
+            '"enforce" (always; a user with no rule may use no key) or "off" '
+            "(rules are ignored). See docs/access-rules.md.",
+            id="coordination.E030",
+        )
+    ]
+
+
 # Brokers that hide a delivered task and hand it to another worker when it is
 # not acknowledged within ``visibility_timeout``, and their default timeouts.
 _VISIBILITY_TIMEOUT_BROKERS = {"redis": 3600, "rediss": 3600, "sentinel": 3600, "sqs": 1800}

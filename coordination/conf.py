@@ -30,6 +30,10 @@ Defaults (override any key in your settings)::
                                     # its last heartbeat (a crashed waiter's ticket)
         "RECORD_WRITES": False,     # keep an AcceptedWrite row per accepted fenced
                                     # write (the admin timeline shows them)
+        "ACCESS_RULES": "auto",     # per-key access rules of API and admin users
+                                    # (docs/access-rules.md): "auto" enforces them
+                                    # once any AccessRule exists, "enforce" always
+                                    # (no rule: no key), "off" never
         "API_MAX_WAIT": 30.0,       # seconds a REST acquire may block a web worker
         "API_THROTTLE_RATE": "1200/minute",  # REST requests per user; None: no limit
         "API_MAX_BODY_BYTES": 1048576,  # larger REST request bodies get 413
@@ -61,6 +65,7 @@ DEFAULTS: dict[str, Any] = {
     "LOCK_DELAY": 0.0,
     "TICKET_TTL": 10.0,
     "RECORD_WRITES": False,
+    "ACCESS_RULES": "auto",
     "API_MAX_WAIT": 30.0,
     "API_THROTTLE_RATE": "1200/minute",
     "API_MAX_BODY_BYTES": 1048576,

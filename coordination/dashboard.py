@@ -4,6 +4,12 @@ Every "now" here is :func:`coordination.locks.database_now`, the clock leases
 are decided with (rule 11 of docs/rules.md), so a bar ends where the grant point says the
 lease ended. The pictures are plain geometry (pixel positions in dataclasses)
 that the template draws as inline SVG: no JavaScript, no CDN.
+
+What a viewer sees is what their permissions and access rules let them read
+(:class:`Shown`): grant holders and tokens only with ``view_grant``, refused
+writes only with ``view_rejection``, accepted writes only with
+``view_acceptedwrite``, and only of the keys their rules allow reading. A part
+they may not see is None, left out of the page rather than shown as zero.
 """
 
 from __future__ import annotations
@@ -13,16 +19,17 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from django.db.models import Count, QuerySet
 from django.db.models.functions import TruncMinute
 
+from .access import UNRESTRICTED, Access
 from .conf import app_settings
 from .locks import database_now
-from .models import AcceptedWrite, Grant, Lock, Rejection
+from .models import AcceptedWrite, Grant, Lock, LockQuerySet, Rejection
 
-__all__ = ["Dashboard", "Timeline", "build_dashboard", "build_timeline"]
+__all__ = ["Dashboard", "Shown", "Timeline", "build_dashboard", "build_timeline"]
 
 HOUR = dt.timedelta(hours=1)
 DAY = dt.timedelta(days=1)
@@ -46,6 +53,21 @@ TICK_STEPS = (
 
 
 @dataclass(frozen=True)
+class Shown:
+    """What the viewer may see: the histories their view permissions cover, and the
+    keys their access rules let them read. The default shows everything."""
+
+    grants: bool = True
+    rejections: bool = True
+    accepted_writes: bool = True
+    access: Access = UNRESTRICTED
+
+    def keys(self, rows: QuerySet[Any], field: str) -> QuerySet[Any]:
+        """``rows`` of the keys (column ``field``) the viewer may read."""
+        return self.access.filter(rows, "read", field)
+
+
+@dataclass(frozen=True)
 class Tick:
     x: float
     label: str
@@ -56,11 +78,12 @@ class Counts:
     held: int
     expired: int
     free: int
-    grants_hour: int
-    grants_day: int
-    refused_hour: int
-    refused_day: int
-    accepted_hour: int | None  # None: accepted writes are not recorded
+    # None: not shown to this viewer (or, for accepted writes, not recorded).
+    grants_hour: int | None
+    grants_day: int | None
+    refused_hour: int | None
+    refused_day: int | None
+    accepted_hour: int | None
 
 
 @dataclass(frozen=True)
@@ -90,8 +113,8 @@ class MinuteChart:
     plot_left: int
     plot_right: int
     baseline: float
-    grants_total: int
-    refused_total: int
+    grants_total: int | None  # None: the series is not shown to this viewer
+    refused_total: int | None
 
 
 @dataclass(frozen=True)
@@ -100,7 +123,7 @@ class ContendedKey:
     lock_id: int
     grants: int
     holders: int
-    refused: int
+    refused: int | None  # None: refused writes are not shown to this viewer
 
 
 @dataclass(frozen=True)
@@ -174,39 +197,53 @@ class Timeline:
 class Dashboard:
     now: dt.datetime
     counts: Counts
-    chart: MinuteChart
-    contended: list[ContendedKey]
-    timelines: list[Timeline]
+    chart: MinuteChart | None  # None: neither grants nor refused writes are shown
+    contended: list[ContendedKey] | None  # None: grants are not shown
+    timelines: list[Timeline]  # empty when grants are not shown: a lane is a grant
     recording_writes: bool
+    shown: Shown = field(default_factory=Shown)
 
 
-def build_dashboard(keys: Sequence[str] = (), *, using: str | None = None) -> Dashboard:
+def build_dashboard(
+    keys: Sequence[str] = (), *, using: str | None = None, shown: Shown | None = None
+) -> Dashboard:
     """Everything the dashboard page shows, as of the database's current time.
 
     ``keys`` chooses the locks drawn as timelines; by default the most recently
-    granted ones.
+    granted ones. ``shown`` limits it to what the viewer may see (default: all);
+    keys outside the viewer's rules are left out as if they did not exist.
     """
     alias = using or app_settings.DATABASE
+    shown = shown or Shown()
     now = database_now(alias)
-    keys = list(keys) or recent_keys(TIMELINE_LOCKS, using=alias)
-    locks = {lock.key: lock for lock in Lock.objects.using(alias).filter(key__in=keys)}
-    timelines = [build_timeline(locks[key], now, using=alias) for key in keys if key in locks]
+    timelines: list[Timeline] = []
+    if shown.grants:
+        keys = [key for key in keys if shown.access.allows("read", key)]
+        keys = keys or recent_keys(TIMELINE_LOCKS, using=alias, access=shown.access)
+        locks = {lock.key: lock for lock in Lock.objects.using(alias).filter(key__in=keys)}
+        timelines = [
+            build_timeline(locks[key], now, using=alias, shown=shown) for key in keys if key in locks
+        ]
     return Dashboard(
         now=now,
-        counts=_counts(now, alias),
-        chart=_minute_chart(now, alias),
-        contended=_contended(now, alias),
+        counts=_counts(now, alias, shown),
+        chart=_minute_chart(now, alias, shown) if shown.grants or shown.rejections else None,
+        contended=_contended(now, alias, shown) if shown.grants else None,
         timelines=timelines,
         recording_writes=bool(app_settings.RECORD_WRITES),
+        shown=shown,
     )
 
 
-def recent_keys(limit: int, *, using: str | None = None) -> list[str]:
-    """The keys of the locks granted most recently, newest first."""
+def recent_keys(
+    limit: int, *, using: str | None = None, access: Access = UNRESTRICTED
+) -> list[str]:
+    """The keys of the locks granted most recently, newest first (of those ``access`` reads)."""
     alias = using or app_settings.DATABASE
     keys: list[str] = []
     # The acquired_at index makes this a short scan, however long the history.
-    recent = Grant.objects.using(alias).order_by("-acquired_at").values_list("lock__key", flat=True)
+    granted = access.filter(Grant.objects.using(alias), "read", "lock__key")
+    recent = granted.order_by("-acquired_at").values_list("lock__key", flat=True)
     for key in recent[: limit * 50]:
         if key not in keys:
             keys.append(key)
@@ -215,14 +252,18 @@ def recent_keys(limit: int, *, using: str | None = None) -> list[str]:
     return keys
 
 
-def build_timeline(lock: Lock, now: dt.datetime, *, using: str | None = None) -> Timeline:
+def build_timeline(
+    lock: Lock, now: dt.datetime, *, using: str | None = None, shown: Shown | None = None
+) -> Timeline:
     """One lock's recent grants as bars on the database-time axis, with its writes marked.
 
     A bar runs from acquire to release, revoke or expiry; a live lease runs to
     ``now``. Refused writes (always recorded) and accepted writes (when
-    RECORD_WRITES is on) are marked on the lane of the token that made them.
+    RECORD_WRITES is on) are marked on the lane of the token that made them,
+    each only if ``shown`` lets the viewer see them.
     """
     alias = using or app_settings.DATABASE
+    shown = shown or Shown()
     grants = list(
         Grant.objects.using(alias).filter(lock=lock).order_by("-token")[:TIMELINE_GRANTS]
     )[::-1]
@@ -233,12 +274,12 @@ def build_timeline(lock: Lock, now: dt.datetime, *, using: str | None = None) ->
         Rejection.objects.using(alias)
         .filter(lock_key=lock.key, token__in=tokens, created_at__gte=start)
         .order_by("-created_at")[:TIMELINE_MARKS]
-    )
+    ) if shown.rejections else []
     accepted = list(
         AcceptedWrite.objects.using(alias)
         .filter(lock_key=lock.key, token__in=tokens, created_at__gte=start)
         .order_by("-created_at")[:TIMELINE_MARKS]
-    )
+    ) if shown.accepted_writes else []
     end = max(
         [finish for _, _, finish, _ in spans]
         + [row.created_at for row in refused]
@@ -305,22 +346,27 @@ def _span(grant: Grant, now: dt.datetime) -> tuple[dt.datetime, dt.datetime, str
     return grant.acquired_at, now, "live"
 
 
-def _counts(now: dt.datetime, alias: str) -> Counts:
-    locks = Lock.objects.using(alias)
-    grants = Grant.objects.using(alias)
-    rejections = Rejection.objects.using(alias)
+def _counts(now: dt.datetime, alias: str, shown: Shown) -> Counts:
+    locks = cast(LockQuerySet, shown.keys(Lock.objects.using(alias), "key"))
+    grants = shown.keys(Grant.objects.using(alias), "lock__key")
+    rejections = shown.keys(Rejection.objects.using(alias), "lock_key")
+    accepted = shown.keys(AcceptedWrite.objects.using(alias), "lock_key")
     recording = bool(app_settings.RECORD_WRITES)
     return Counts(
         held=locks.held().count(),
         expired=locks.expired().count(),
         free=locks.free().count(),
-        grants_hour=grants.filter(acquired_at__gt=now - HOUR).count(),
-        grants_day=grants.filter(acquired_at__gt=now - DAY).count(),
-        refused_hour=rejections.filter(created_at__gt=now - HOUR).count(),
-        refused_day=rejections.filter(created_at__gt=now - DAY).count(),
+        grants_hour=grants.filter(acquired_at__gt=now - HOUR).count() if shown.grants else None,
+        grants_day=grants.filter(acquired_at__gt=now - DAY).count() if shown.grants else None,
+        refused_hour=(
+            rejections.filter(created_at__gt=now - HOUR).count() if shown.rejections else None
+        ),
+        refused_day=(
+            rejections.filter(created_at__gt=now - DAY).count() if shown.rejections else None
+        ),
         accepted_hour=(
-            AcceptedWrite.objects.using(alias).filter(created_at__gt=now - HOUR).count()
-            if recording
+            accepted.filter(created_at__gt=now - HOUR).count()
+            if recording and shown.accepted_writes
             else None
         ),
     )
@@ -341,12 +387,17 @@ def _per_minute(rows: QuerySet[Any], moment: str, since: dt.datetime) -> dict[dt
     }
 
 
-def _minute_chart(now: dt.datetime, alias: str) -> MinuteChart:
+def _minute_chart(now: dt.datetime, alias: str, shown: Shown) -> MinuteChart:
     last = now.replace(second=0, microsecond=0)
     first = last - dt.timedelta(minutes=MINUTES - 1)
     minutes = [first + dt.timedelta(minutes=i) for i in range(MINUTES)]
-    grants = _per_minute(Grant.objects.using(alias), "acquired_at", first)
-    refused = _per_minute(Rejection.objects.using(alias), "created_at", first)
+    series = [
+        (0.1, "grants", _per_minute(shown.keys(Grant.objects.using(alias), "lock__key"),
+                                    "acquired_at", first) if shown.grants else None),
+        (0.5, "refused", _per_minute(shown.keys(Rejection.objects.using(alias), "lock_key"),
+                                     "created_at", first) if shown.rejections else None),
+    ]
+    grants, refused = (counts or {} for _, _, counts in series)
     top = _nice_ceiling(max([*grants.values(), *refused.values(), 1]))
     left, right = CHART_LEFT, CHART_WIDTH - CHART_RIGHT
     baseline = CHART_HEIGHT - CHART_BOTTOM
@@ -356,8 +407,10 @@ def _minute_chart(now: dt.datetime, alias: str) -> MinuteChart:
     bars: list[ChartBar] = []
     for index, minute in enumerate(minutes):
         label = f"{minute:%H:%M}"
-        for offset, kind, count in ((0.1, "grants", grants.get(minute, 0)),
-                                    (0.5, "refused", refused.get(minute, 0))):
+        for offset, kind, counts in series:
+            if counts is None:
+                continue
+            count = counts.get(minute, 0)
             height = round(plot_height * count / top, 1)
             bars.append(
                 ChartBar(kind, label, count, round(left + slot * (index + offset), 1),
@@ -376,15 +429,16 @@ def _minute_chart(now: dt.datetime, alias: str) -> MinuteChart:
     return MinuteChart(
         width=CHART_WIDTH, height=CHART_HEIGHT, bars=bars, ticks=ticks, grid=grid,
         plot_left=left, plot_right=right, baseline=baseline,
-        grants_total=sum(grants.values()), refused_total=sum(refused.values()),
+        grants_total=sum(grants.values()) if shown.grants else None,
+        refused_total=sum(refused.values()) if shown.rejections else None,
     )
 
 
-def _contended(now: dt.datetime, alias: str) -> list[ContendedKey]:
+def _contended(now: dt.datetime, alias: str, shown: Shown) -> list[ContendedKey]:
     """Keys with the most grants in the last hour, with their holders and refused writes."""
     since = now - HOUR
     rows = list(
-        Grant.objects.using(alias)
+        shown.keys(Grant.objects.using(alias), "lock__key")
         .filter(acquired_at__gt=since)
         .order_by()
         .values_list("lock__key", "lock_id")
@@ -398,9 +452,11 @@ def _contended(now: dt.datetime, alias: str) -> list[ContendedKey]:
         .values_list("lock_key")
         .annotate(n=Count("id"))
         .values_list("lock_key", "n")
-    )
+    ) if shown.rejections else {}
     return [
-        ContendedKey(key, lock_id, grants, holders, refused.get(key, 0))
+        ContendedKey(
+            key, lock_id, grants, holders, refused.get(key, 0) if shown.rejections else None
+        )
         for key, lock_id, grants, holders in rows
     ]
 

@@ -3,21 +3,30 @@
 A document is a JSON value under a name, guarded by the :class:`~coordination.models.Fence`
 ``document:<name>``. :func:`put_document` checks the grant against that fence and
 writes the document in one transaction (rule 10 of docs/rules.md: a downstream that cannot
-check tokens itself is put behind this proxy). The first write decides which lock
-key guards the document; a grant of another key is refused with ``WrongLock``.
+check tokens itself is put behind this proxy). The first write binds the
+document to its grant's lock key; a grant of another key is refused with
+``WrongLock``. Only an operator moves it to another key (:func:`rebind_document`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+from typing import Any, NamedTuple
+
+from django.db import transaction
 
 from . import fencing
 from .conf import app_settings
 from .exceptions import InvalidInput
 from .leases import Lease
-from .models import KEY_MAX_LENGTH, DatabaseNow, Document, validate_key
+from .models import KEY_MAX_LENGTH, DatabaseNow, Document, Fence, Lock, validate_key
 
-__all__ = ["NAME_MAX_LENGTH", "document_resource", "get_document", "put_document"]
+__all__ = [
+    "NAME_MAX_LENGTH", "Rebind", "document_resource", "get_document", "put_document",
+    "rebind_document",
+]
+
+logger = logging.getLogger("coordination.documents")
 
 RESOURCE_PREFIX = "document:"
 # The fence's resource name is "document:<name>" and must itself be a valid key.
@@ -65,3 +74,58 @@ def get_document(name: str, *, using: str | None = None) -> Document:
     document_resource(name)
     alias = using or app_settings.DATABASE
     return Document.objects.using(alias).select_related("fence").get(name=name)
+
+
+class Rebind(NamedTuple):
+    """What :func:`rebind_document` did: the keys, the watermark, the new key's counter."""
+
+    name: str
+    before: str
+    after: str
+    watermark: tuple[int, int]
+    counter_before: int
+    counter_after: int
+
+    @property
+    def counter_raised(self) -> bool:
+        return self.counter_after > self.counter_before
+
+
+def rebind_document(name: str, lock_key: str, *, using: str | None = None) -> Rebind:
+    """Bind document ``name`` to the lock key ``lock_key`` instead of its current key.
+
+    The document's watermark (token, step) stays as it is: it is never lowered
+    (rule 8 of docs/rules.md). Tokens compare only within one key (rule 7), so
+    the watermark, a token of the old key, is carried over to the new key by
+    raising the new key's token counter to at least the watermark's token: the
+    new key's next grant gets a higher token and can write at once, and every
+    grant of it issued before the re-bind (a token at or below the watermark) is
+    refused as stale, as a grant of the old key is refused as ``wrong_lock``
+    from now on. A counter only rises; a key the database has not seen gets its
+    Lock row here.
+
+    The fence row and the new key's Lock row are locked while it runs, as for a
+    write and a grant. Raises ``Document.DoesNotExist``, or ``InvalidInput`` for a
+    bad key or the key the document is already bound to.
+    """
+    lock_key = validate_key(lock_key, what="lock key")
+    alias = using or app_settings.DATABASE
+    fences = Fence.objects.using(alias)
+    keys = Lock.objects.using(alias)
+    with transaction.atomic(using=alias):
+        document = Document.objects.using(alias).get(name=name)
+        fence = fences.select_for_update().get(pk=document.fence_id)
+        if fence.lock_key == lock_key:
+            raise InvalidInput(f"document {name!r} is already bound to lock key {lock_key!r}")
+        keys.bulk_create([Lock(key=lock_key)], ignore_conflicts=True)
+        counter = keys.select_for_update().filter(key=lock_key).values_list("token", flat=True).get()
+        raised = max(counter, fence.token)
+        if raised > counter:
+            keys.filter(key=lock_key, token__lt=raised).update(token=raised)
+        fences.filter(pk=fence.pk).update(lock_key=lock_key)
+    result = Rebind(name, fence.lock_key, lock_key, (fence.token, fence.step), counter, raised)
+    logger.warning(
+        "document re-bound name=%s from=%s to=%s watermark_token=%d counter=%d->%d",
+        name, result.before, result.after, fence.token, counter, raised,
+    )
+    return result

@@ -176,6 +176,15 @@ class WrongLock(CoordinationError):
     default_detail = "The grant's lock does not guard this resource."
 
 
+class KeyForbidden(CoordinationError):
+    """The user's access rules do not allow this action on this lock key
+    (docs/access-rules.md); nothing was changed."""
+
+    code = "key_forbidden"
+    status_code = 403
+    default_detail = "Your access rules do not allow this action on this key."
+
+
 class TokenExhausted(CoordinationError):
     """The lock's token counter reached 2**63 - 1; tokens never wrap."""
 

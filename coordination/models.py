@@ -15,6 +15,7 @@ import hmac
 import re
 from typing import TYPE_CHECKING, Any
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
@@ -47,6 +48,45 @@ def validate_key(key: object, *, what: str = "key") -> str:
     return key
 
 
+PATTERN_WILDCARD = "*"
+PATTERN_RULE = (
+    "a lock key (that key only), a key's beginning followed by * (billing:* is every key "
+    "starting with billing:), or * alone (every key); * only at the end"
+)
+
+
+def validate_key_pattern(pattern: object) -> str:
+    """Return ``pattern`` if it is a valid access-rule key pattern, else raise InvalidInput.
+
+    The syntax (docs/access-rules.md): an exact key, a prefix followed by ``*``,
+    or ``*`` alone. The prefix follows the key rule; ``*`` appears only last.
+    """
+    if not isinstance(pattern, str) or not pattern:
+        raise InvalidInput(f"a key pattern must be {PATTERN_RULE}")
+    if pattern == PATTERN_WILDCARD:
+        return pattern
+    prefix = pattern.removesuffix(PATTERN_WILDCARD)
+    if PATTERN_WILDCARD in prefix:
+        raise InvalidInput(f"key pattern {pattern!r}: * may only end a pattern ({PATTERN_RULE})")
+    if len(pattern) > KEY_MAX_LENGTH:
+        raise InvalidInput(
+            f"key pattern is {len(pattern)} characters long; at most {KEY_MAX_LENGTH}"
+        )
+    if not KEY_PATTERN.fullmatch(prefix):
+        raise InvalidInput(
+            f"key pattern {pattern!r} has forbidden characters: before the * it follows the "
+            f"key rule ({KEY_RULE})"
+        )
+    return pattern
+
+
+def key_matches(pattern: str, key: str) -> bool:
+    """Whether ``key`` is one of the keys ``pattern`` names; case-sensitive, as keys are."""
+    if pattern.endswith(PATTERN_WILDCARD):
+        return key.startswith(pattern[:-1])
+    return key == pattern
+
+
 def validate_holder(holder: object) -> str:
     """Return ``holder`` if it is 1..200 printable characters, else raise InvalidInput."""
     if not isinstance(holder, str) or not holder.strip():
@@ -61,6 +101,13 @@ def validate_holder(holder: object) -> str:
 def _key_field_validator(value: str) -> None:
     try:
         validate_key(value)
+    except InvalidInput as error:
+        raise ValidationError(str(error), code="invalid") from None
+
+
+def _pattern_field_validator(value: str) -> None:
+    try:
+        validate_key_pattern(value)
     except InvalidInput as error:
         raise ValidationError(str(error), code="invalid") from None
 
@@ -442,7 +489,94 @@ class Document(models.Model):
 
     class Meta:
         ordering = ["name"]
-        permissions = [("write_document", "Can write documents through the fenced store")]
+        permissions = [
+            ("write_document", "Can write documents through the fenced store"),
+            ("rebind_document", "Can re-bind a document to another lock key"),
+        ]
 
     def __str__(self) -> str:
         return self.name
+
+
+class AccessAction(models.TextChoices):
+    """What an access rule allows on the keys it names (docs/access-rules.md)."""
+
+    ACQUIRE = "acquire", _("acquire, renew and release")
+    WRITE = "write", _("write documents")
+    READ = "read", _("read")
+    REVOKE = "revoke", _("revoke leases, raise fences")
+
+
+class AccessRule(models.Model):
+    """Which lock keys a user, or a group's members, may use, and for what.
+
+    Rules only ever narrow: the Django permission of an action is still needed,
+    and superusers are not bound by rules. Whether rules are enforced at all is
+    ``COORDINATION["ACCESS_RULES"]``; :mod:`coordination.access` evaluates them.
+    """
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, null=True, blank=True,
+        related_name="+", help_text=_("Who the rule is for: a user, or a group (not both)."),
+    )
+    group = models.ForeignKey(
+        "auth.Group", on_delete=models.CASCADE, null=True, blank=True, related_name="+",
+        help_text=_("Every member of this group."),
+    )
+    pattern = models.CharField(
+        _("keys"), max_length=KEY_MAX_LENGTH, validators=[_pattern_field_validator],
+        help_text=_(
+            "billing:7 (that key only), billing:* (every key starting with billing:) "
+            "or * (every key)."
+        ),
+    )
+    acquire = models.BooleanField(
+        default=False, db_default=False, help_text=_("Acquire, renew and release the keys.")
+    )
+    write = models.BooleanField(
+        default=False, db_default=False,
+        help_text=_("Write documents with grants of the keys (and so bind new documents to them)."),
+    )
+    read = models.BooleanField(
+        default=False, db_default=False,
+        help_text=_("See the keys' locks, grants, fences, documents and refused writes."),
+    )
+    revoke = models.BooleanField(
+        default=False, db_default=False,
+        help_text=_("Revoke the keys' leases and raise their fences in the admin."),
+    )
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+
+    class Meta:
+        ordering = ["pattern", "id"]
+        verbose_name = _("access rule")
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(user__isnull=False, group__isnull=True)
+                | Q(user__isnull=True, group__isnull=False),
+                name="coordination_accessrule_user_or_group",
+                violation_error_message=_("An access rule is for a user or a group: one, not both."),
+            ),
+            models.CheckConstraint(
+                condition=Q(acquire=True) | Q(write=True) | Q(read=True) | Q(revoke=True),
+                name="coordination_accessrule_some_action",
+                violation_error_message=_("An access rule allows at least one action."),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        who = f"user {self.user}" if self.user_id else f"group {self.group}"
+        return f"{who}: {', '.join(self.actions) or 'nothing'} on {self.pattern}"
+
+    @property
+    def actions(self) -> list[str]:
+        return [action for action in AccessAction.values if getattr(self, action)]
+
+    def clean(self) -> None:
+        errors: dict[str, str] = {}
+        if bool(self.user_id) == bool(self.group_id):
+            errors["user"] = str(_("Choose a user or a group: one, not both."))
+        if not self.actions:
+            errors["acquire"] = str(_("Choose at least one action."))
+        if errors:
+            raise ValidationError(errors)

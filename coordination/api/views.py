@@ -2,9 +2,11 @@
 and the models. No grant or fence logic lives here.
 
 Every view authenticates (token first, so an anonymous request gets 401 with
-``WWW-Authenticate: Token``), checks the Django permission of its action,
-throttles per user, accepts only strict JSON and answers refusals with
-``{"code", "detail", ...}``.
+``WWW-Authenticate: Token``), checks the Django permission of its action, then
+the user's access rules for the key (:mod:`coordination.access`: 403
+``key_forbidden`` before anything changes; lists leave out the keys the user
+may not read), throttles per user, accepts only strict JSON and answers
+refusals with ``{"code", "detail", ...}``.
 
 The views set every policy DRF would otherwise take from the site's
 ``REST_FRAMEWORK`` setting (authentication, permissions, throttling, parsers,
@@ -38,13 +40,14 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from .. import documents, fencing, locks
+from .. import access, documents, fencing, locks
 from ..conf import app_settings
 from ..documents import NAME_MAX_LENGTH
 from ..exceptions import (
     DuplicateWrite,
     IdempotencyKeyReused,
     InvalidInput,
+    KeyForbidden,
     LeaseLost,
     StaleToken,
     WrongLock,
@@ -76,7 +79,7 @@ FENCE_REFUSALS = (StaleToken, DuplicateWrite, WrongLock, LeaseLost)
 _ERRORS = {
     400: "invalid (per-field `errors`), parse_error",
     401: "not_authenticated",
-    403: "permission_denied",
+    403: "permission_denied (the action's Django permission), key_forbidden (access rules)",
     404: "not_found",
     409: "the coordination refusal named by `code`",
     413: "request_too_large",
@@ -213,7 +216,8 @@ class LockListView(CoordinationListView):
     required_permissions = {"GET": "coordination.view_lock"}
 
     def get_queryset(self) -> QuerySet[Lock]:
-        return Lock.objects.with_state().order_by("key")
+        rows = Lock.objects.with_state().order_by("key")
+        return access.for_request(self.request).filter(rows, "read", "key")
 
     @operation(operation_id="locks_list", responses={200: LockSerializer(many=True), **_errors(404)})
     def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
@@ -233,6 +237,7 @@ class LockDetailView(CoordinationView):
     )
     def get(self, request: Request, key: str) -> Response:
         key = _path_key(key, "key")
+        access.for_request(request).require("read", key)
         lock = Lock.objects.with_state().filter(key=key).first()
         if lock is None:
             raise Http404
@@ -260,6 +265,7 @@ class AcquireView(CoordinationView):
     )
     def post(self, request: Request, key: str) -> Response:
         key = _path_key(key, "key")
+        access.for_request(request).require("acquire", key)
         body = _valid(AcquireRequest, request.data)
         grant = locks.acquire(key, holder=body["holder"], ttl=body["ttl"], wait=body["wait"])
         return Response(AcquiredGrantSerializer(grant).data, status=status.HTTP_201_CREATED)
@@ -281,6 +287,7 @@ class RenewView(CoordinationView):
     )
     def post(self, request: Request, key: str) -> Response:
         key = _path_key(key, "key")
+        access.for_request(request).require("acquire", key)
         body = _valid(RenewRequest, request.data)
         grant = locks.grant_from_proof(key, body["token"], body["lease_id"])
         grant = locks.renew(grant, ttl=body.get("ttl"))
@@ -306,6 +313,7 @@ class ReleaseView(CoordinationView):
     )
     def post(self, request: Request, key: str) -> Response:
         key = _path_key(key, "key")
+        access.for_request(request).require("acquire", key)
         body = _valid(ReleaseRequest, request.data)
         grant = locks.grant_from_proof(key, body["token"], body["lease_id"])
         return Response(GrantSerializer(locks.release(grant)).data)
@@ -320,6 +328,7 @@ class GrantListView(CoordinationListView):
 
     def get_queryset(self) -> QuerySet[Grant]:
         key = _path_key(self.kwargs["key"], "key")
+        access.for_request(self.request).require("read", key)
         lock = Lock.objects.filter(key=key).first()
         if lock is None:
             raise Http404
@@ -341,7 +350,7 @@ class FenceListView(CoordinationListView):
     required_permissions = {"GET": "coordination.view_fence"}
 
     def get_queryset(self) -> QuerySet[Fence]:
-        return Fence.objects.order_by("resource")
+        return access.for_request(self.request).filter(Fence.objects.order_by("resource"), "read", "lock_key")
 
     @operation(operation_id="fences_list", responses={200: FenceSerializer(many=True), **_errors(404)})
     def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
@@ -362,7 +371,9 @@ class FenceDetailView(CoordinationView):
     def get(self, request: Request, resource: str) -> Response:
         resource = _path_key(resource, "resource")
         fence = Fence.objects.filter(resource=resource).first()
-        if fence is None:
+        # A fence of a key the rules do not let the user read is not there for them:
+        # 403 would tell that the name exists, and which key guards it.
+        if fence is None or not access.for_request(request).allows("read", fence.lock_key):
             raise Http404
         return Response(FenceSerializer(fence).data)
 
@@ -390,6 +401,9 @@ class DocumentView(CoordinationView):
             document = documents.get_document(name)
         except Document.DoesNotExist:
             raise Http404 from None
+        # As for fences: a document bound to a key the user may not read is absent.
+        if not access.for_request(request).allows("read", document.fence.lock_key):
+            raise Http404
         return Response(DocumentSerializer(document).data)
 
     @operation(
@@ -418,6 +432,19 @@ class DocumentView(CoordinationView):
         name = _path_key(name, "name", max_length=NAME_MAX_LENGTH)
         idempotency_key = _idempotency_key(request)
         body = _valid(DocumentWrite, request.data)
+        # The grant's key is the one a new document is bound to (and the one an
+        # existing document must be bound to, which the fence checks).
+        rules = access.for_request(request)
+        rules.require("write", body["lock_key"])
+        if rules.limited:
+            # Refused here, not as the fence's wrong_lock: that would record a
+            # rejection and name a key outside the user's rules.
+            bound = Document.objects.filter(name=name).values_list("fence__lock_key", flat=True).first()
+            if bound is not None and not rules.allows("write", bound):
+                raise KeyForbidden(
+                    f"document {name!r} is bound to a lock key your access rules do not allow "
+                    "you to write with (docs/access-rules.md)", action="write",
+                )
         grant = locks.grant_from_proof(body["lock_key"], body["token"], body["lease_id"])
 
         def write() -> dict[str, Any]:
@@ -486,7 +513,7 @@ class RejectionListView(CoordinationListView):
             rows = rows.filter(lock_key=filters["lock_key"])
         if "since" in filters:
             rows = rows.filter(created_at__gte=filters["since"])
-        return rows
+        return access.for_request(self.request).filter(rows, "read", "lock_key")
 
     @operation(
         operation_id="rejections_list",
