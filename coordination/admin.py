@@ -733,6 +733,12 @@ class RebindForm(forms.Form):
                     _("Your access rules do not allow writing with lock key %(key)s."),
                     code="key_forbidden", params={"key": checked},
                 )
+        # Said here already; rebind_document() decides again under the row lock.
+        found = Lock.objects.filter(key=key).values_list("token", "holder").first()
+        if found is not None:
+            refusal = documents.held_below_watermark(key, *found, self.document.fence.token)
+            if refusal:
+                raise forms.ValidationError(refusal, code="held")
         return key
 
 

@@ -218,8 +218,11 @@ def build_dashboard(
     now = database_now(alias)
     timelines: list[Timeline] = []
     if shown.grants:
-        keys = [key for key in keys if shown.access.allows("read", key)]
-        keys = keys or recent_keys(TIMELINE_LOCKS, using=alias, access=shown.access)
+        if keys:
+            # A key outside the viewer's rules is as a key that does not exist.
+            keys = [key for key in keys if shown.access.allows("read", key)]
+        else:
+            keys = recent_keys(TIMELINE_LOCKS, using=alias, access=shown.access)
         locks = {lock.key: lock for lock in Lock.objects.using(alias).filter(key__in=keys)}
         timelines = [
             build_timeline(locks[key], now, using=alias, shown=shown) for key in keys if key in locks

@@ -91,6 +91,17 @@ class Rebind(NamedTuple):
         return self.counter_after > self.counter_before
 
 
+def held_below_watermark(lock_key: str, counter: int, holder: str, watermark: int) -> str:
+    """Why a re-bind to ``lock_key`` must wait, or "" if it need not."""
+    if not holder or counter >= watermark:
+        return ""
+    return (
+        f"lock {lock_key!r} is held by {holder} with token {counter}, below the document's "
+        f"watermark {watermark}: re-binding raises its token counter past the watermark, which "
+        "would end that lease. Release or revoke it first, then re-bind."
+    )
+
+
 def rebind_document(name: str, lock_key: str, *, using: str | None = None) -> Rebind:
     """Bind document ``name`` to the lock key ``lock_key`` instead of its current key.
 
@@ -102,11 +113,15 @@ def rebind_document(name: str, lock_key: str, *, using: str | None = None) -> Re
     grant of it issued before the re-bind (a token at or below the watermark) is
     refused as stale, as a grant of the old key is refused as ``wrong_lock``
     from now on. A counter only rises; a key the database has not seen gets its
-    Lock row here.
+    Lock row here. A lease's identity is its key's counter, so a counter is
+    never raised under a lease: when the new key's counter is below the
+    watermark and its lock is held (or expired, not released), the re-bind is
+    refused until that lease is released or revoked.
 
     The fence row and the new key's Lock row are locked while it runs, as for a
     write and a grant. Raises ``Document.DoesNotExist``, or ``InvalidInput`` for a
-    bad key or the key the document is already bound to.
+    bad key, the key the document is already bound to, or a held new key whose
+    counter would have to rise.
     """
     lock_key = validate_key(lock_key, what="lock key")
     alias = using or app_settings.DATABASE
@@ -118,9 +133,14 @@ def rebind_document(name: str, lock_key: str, *, using: str | None = None) -> Re
         if fence.lock_key == lock_key:
             raise InvalidInput(f"document {name!r} is already bound to lock key {lock_key!r}")
         keys.bulk_create([Lock(key=lock_key)], ignore_conflicts=True)
-        counter = keys.select_for_update().filter(key=lock_key).values_list("token", flat=True).get()
+        counter, holder = (
+            keys.select_for_update().filter(key=lock_key).values_list("token", "holder").get()
+        )
         raised = max(counter, fence.token)
         if raised > counter:
+            refusal = held_below_watermark(lock_key, counter, holder, fence.token)
+            if refusal:
+                raise InvalidInput(refusal)
             keys.filter(key=lock_key, token__lt=raised).update(token=raised)
         fences.filter(pk=fence.pk).update(lock_key=lock_key)
     result = Rebind(name, fence.lock_key, lock_key, (fence.token, fence.step), counter, raised)
