@@ -155,12 +155,14 @@ def for_request(request: Any) -> Access:
     """
     user = request.user
     base = getattr(request, "_request", request)
+    # Keyed by who asked, in case the request's user changes (a login mid-request).
+    who = (user.pk, getattr(user, "is_superuser", False))
     cached = getattr(base, _REQUEST_CACHE, None)
-    if cached is not None and cached[0] == (user.pk, user.is_superuser):
+    if cached is not None and cached[0] == who:
         access: Access = cached[1]
         return access
     access = access_for(user)
-    setattr(base, _REQUEST_CACHE, ((user.pk, user.is_superuser), access))
+    setattr(base, _REQUEST_CACHE, (who, access))
     return access
 
 
