@@ -43,6 +43,7 @@ from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
 from . import access, dashboard, documents, fencing, locks
+from .conf import app_settings
 from .exceptions import InvalidInput, StaleToken, UnfencedWrite
 from .models import (
     KEY_MAX_LENGTH,
@@ -839,6 +840,21 @@ class DocumentAdmin(HistoryAdmin):
         return super().changeform_view(request, object_id, form_url, extra)
 
 
+def _rules_in_force() -> str:
+    mode = app_settings.ACCESS_RULES
+    if mode == "off":
+        return str(_('Rules are ignored: COORDINATION["ACCESS_RULES"] is "off".'))
+    if mode == "auto" and not AccessRule.objects.exists():
+        return str(_(
+            'No rule yet, so none applies (COORDINATION["ACCESS_RULES"] is "auto"). From the '
+            "first rule on, every user but superusers may use only the keys their rules name."
+        ))
+    return str(_(
+        "Rules apply: every user but superusers may use only the keys their rules (or their "
+        "groups' rules) name."
+    ))
+
+
 def _rebind_message(result: documents.Rebind) -> str:
     counter = (
         f"; the counter of {result.after} was raised from {result.counter_before} to "
@@ -866,6 +882,14 @@ class AccessRuleAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         (None, {"fields": ["user", "group", "pattern"]}),
         (_("Allowed on these keys"), {"fields": ["acquire", "write", "read", "revoke"]}),
     ]
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        # Above the list: whether the rules apply now, so that the first rule's
+        # effect (under "auto", everyone else is cut off) is not a surprise.
+        context = {"subtitle": _rules_in_force(), **(extra_context or {})}
+        return super().changelist_view(request, context)
 
     def get_search_fields(self, request: HttpRequest) -> list[str]:
         username = get_user_model().USERNAME_FIELD

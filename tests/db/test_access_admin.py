@@ -201,7 +201,16 @@ def test_the_rule_form_shows_what_is_wrong(admin_client: Client) -> None:
     rule = AccessRule.objects.get()
     assert (rule.user, rule.pattern, rule.actions) == (user, "billing:*", ["acquire", "write"])
     listed = admin_client.get(reverse("admin:coordination_accessrule_changelist")).content.decode()
-    assert "user billing-bot" in listed
+    assert "user billing-bot" in listed and "Rules apply" in listed
+
+
+def test_the_rule_list_says_whether_rules_apply(admin_client: Client, settings: Any) -> None:
+    url = reverse("admin:coordination_accessrule_changelist")
+    assert "No rule yet, so none applies" in admin_client.get(url).content.decode()
+    settings.COORDINATION = {**settings.COORDINATION, "ACCESS_RULES": "enforce"}
+    assert "Rules apply" in admin_client.get(url).content.decode()
+    settings.COORDINATION = {**settings.COORDINATION, "ACCESS_RULES": "off"}
+    assert "Rules are ignored" in admin_client.get(url).content.decode()
 
 
 # --- re-binding a document -------------------------------------------------------------------
