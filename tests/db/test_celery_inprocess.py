@@ -183,6 +183,8 @@ def test_checks_warn_about_eager_mode_and_green_pools() -> None:
     assert not {"coordination.W010", "coordination.W011"} & ids
 
 
+# The checks only read DATABASES; no connection is opened under the override.
+@pytest.mark.filterwarnings("ignore:Overriding setting DATABASES:UserWarning")
 def test_a_worker_does_not_start_on_a_coordination_error_and_names_it() -> None:
     from coordination.contrib.celery import check_at_worker_start
 
