@@ -187,6 +187,41 @@ def wait_until_workers_disconnect(timeout: float = 15) -> None:
             time.sleep(0.1)
 
 
+def wait_until_other_sessions_idle(timeout: float = 30, quiet_for: float = 1.0) -> None:
+    """Wait until no other session of the test database is inside a transaction,
+    and stays so for ``quiet_for`` seconds (PostgreSQL only).
+
+    A test that ends on an event a worker reported may leave that worker's task
+    still finishing (a release, a rejection row, a result). A transactional
+    test's teardown then TRUNCATEs every table, and a worker transaction that
+    holds one of them while waiting for another is a deadlock the server breaks
+    by failing one side: sometimes the teardown. Idle sessions (workers between
+    tasks, a keep-alive between renewals) hold no table locks and do not count.
+    """
+    if connection.vendor != "postgresql":
+        return
+    deadline = time.monotonic() + timeout
+    quiet_since: float | None = None
+    busy: list[tuple[Any, ...]] = []
+    with connection.cursor() as cursor:
+        while time.monotonic() < deadline:
+            cursor.execute(
+                "SELECT pid, state, left(query, 120) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+                "AND xact_start IS NOT NULL"
+            )
+            busy = cursor.fetchall()
+            now = time.monotonic()
+            if busy:
+                quiet_since = None
+            elif quiet_since is None:
+                quiet_since = now
+            elif now - quiet_since >= quiet_for:
+                return
+            time.sleep(0.05)
+    raise AssertionError(f"other sessions still in a transaction after {timeout} s: {busy}")
+
+
 def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
