@@ -60,6 +60,9 @@ class BeatChaosConfig:
     interval: float = 1.0
     lease: float = 5.0
     lock_delay: float = 0.0
+    # Seconds each beat spends between a slot's claim and its publication, so that
+    # some kills land there and leave lost slots to account for.
+    publish_delay: float = 0.25
     fenced: bool = True
     seed: int | None = None
     broker: str | None = None  # default: the site's CELERY_BROKER_URL
@@ -201,6 +204,7 @@ class BeatChaos:
             "COORDINATION_BEAT_LEASE": str(self.config.lease),
             "COORDINATION_BEAT_LOCK_DELAY": str(self.config.lock_delay),
             "COORDINATION_BEAT_EXECUTIONS": str(self.executions),
+            "COORDINATION_BEAT_PUBLISH_DELAY": str(self.config.publish_delay),
             "COORDINATION_LOG_LEVEL": "INFO",
         }
 
@@ -364,6 +368,7 @@ class BeatChaos:
         figures: dict[str, Any] = {
             "fenced": True, "seed": self.seed, "beats": self.config.beats, "lease": self.config.lease,
             "lock_delay": self.config.lock_delay, "interval": self.config.interval,
+            "publish_delay": self.config.publish_delay,
             "seconds_run": round(seconds_run, 1), "slots_claimed": len(slots), "slots_sent": len(sent),
             "slots_executed": len(counts), "executions": len(executions),
             "slots_executed_twice": len(twice), "slots_lost": len(lost), "lost_accounted": accounted,

@@ -81,6 +81,9 @@ class Command(BaseCommand):
                           help="the beat leader's lease, seconds (default 5)")
         beat.add_argument("--beat-lock-delay", type=float, default=0.0,
                           help="seconds the role stays unwinnable after a lease expired (default 0)")
+        beat.add_argument("--beat-publish-delay", type=float, default=0.25,
+                          help="seconds between a slot's claim and its publication, so that kills "
+                               "sometimes leave lost slots (default 0.25)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["beat"]:
@@ -131,6 +134,7 @@ class Command(BaseCommand):
         config = BeatChaosConfig(
             seconds=options["seconds"], beats=options["beats"], interval=options["beat_interval"],
             lease=options["beat_lease"], lock_delay=options["beat_lock_delay"],
+            publish_delay=options["beat_publish_delay"],
             fenced=options["fencing"], seed=options["seed"], celery_app=options["celery_app"],
         )
         try:
