@@ -43,7 +43,7 @@ from typing import Any, Protocol
 from django.conf import settings
 from django.db import connections
 
-__all__ = ["BeatChaos", "BeatChaosConfig", "BeatReport"]
+__all__ = ["BeatChaos", "BeatChaosConfig", "BeatDemo", "BeatReport"]
 
 FENCED_SCHEDULER = "coordination.contrib.beat.FencedScheduler"
 STOCK_SCHEDULER = "celery.beat:PersistentScheduler"
@@ -123,6 +123,8 @@ class BeatProcess:
 
 class BeatChaos:
     """One beat chaos run; ``run()`` always stops every process it started."""
+
+    label = "beat chaos"
 
     def __init__(self, config: BeatChaosConfig, out: Output | None = None) -> None:
         self.config = config
@@ -272,12 +274,12 @@ class BeatChaos:
         if kind == "pause":
             os.kill(pid, signal.SIGSTOP)
             beat.paused = True
-            self._say(f"beat chaos: paused leader {beat.name} (pid {pid}, term {term})")
+            self._say(f"{self.label}: paused leader {beat.name} (pid {pid}, term {term})")
         else:
             os.kill(pid, signal.SIGKILL)
             beat.process.wait(10)
             self.dead.add(pid)
-            self._say(f"beat chaos: killed leader {beat.name} (pid {pid}, term {term})")
+            self._say(f"{self.label}: killed leader {beat.name} (pid {pid}, term {term})")
         new_term = self._wait(
             lambda: (found := self._leader()) is not None and found[1] > term
             and self._sent_by(found[1]) >= 1 and found[1],
@@ -288,11 +290,11 @@ class BeatChaos:
         if kind == "pause":
             os.kill(pid, signal.SIGCONT)
             beat.paused = False
-            self._say(f"beat chaos: resumed {beat.name}; term {new_term} leads")
+            self._say(f"{self.label}: resumed {beat.name}; term {new_term} leads")
         else:
             restarted = self._start_beat()
             self.faults.append({"kind": "restart", "pid": restarted.pid})
-            self._say(f"beat chaos: term {new_term} leads; started {restarted.name}")
+            self._say(f"{self.label}: term {new_term} leads; started {restarted.name}")
 
     # --- the end ----------------------------------------------------------------------
 
@@ -470,3 +472,79 @@ def _percentile(values: list[float], percent: int) -> float | None:
         return round(statistics.median(ordered), 2)
     rank = min(len(ordered) - 1, max(0, round(percent / 100 * (len(ordered) - 1))))
     return round(ordered[rank], 2)
+
+
+DEMO_ROLE = "demo-beat"
+
+
+class BeatDemo(BeatChaos):
+    """``coordination_demo --beat``: two beats in the terminal, the leader paused past
+    its lease, the standby taking over, the paused one refused when it wakes up.
+
+    The role is ``demo-beat`` on every run, so the admin's election roles page
+    (``/admin/coordination/role/``) shows its terms piling up, and the beat slots
+    page each slot with the term that claimed it.
+    """
+
+    def __init__(self, config: BeatChaosConfig, out: Output | None = None) -> None:
+        super().__init__(config, out)
+        self.label = "beat demo"
+        self.role = DEMO_ROLE
+        self._offsets: dict[str, int] = {}
+
+    def _run(self) -> BeatReport:
+        from coordination import election
+        from coordination.models import Rejection
+
+        config = self.config
+        known = election.leader(self.role)
+        if known is not None:
+            raise AssertionError(f"role {self.role!r} is led by {known.holder}; is another demo running?")
+        self._say(f"beat demo: two beats ({FENCED_SCHEDULER}), one worker, a slot every "
+                  f"{config.interval:g} s, lease {config.lease:g} s")
+        self.worker = self._start("worker", [
+            "worker", "-P", "solo", "-Q", self.queue, "-n", f"beat-demo-{self.tag}@%h",
+            "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "WARNING",
+        ])
+        for _ in range(2):
+            self._start_beat()
+        self.started = time.monotonic()
+        self._wait(lambda: self._leader() is not None, 120, "a first leader")
+        self._let_leader_send(3 * config.interval)
+        leader = self._leader()
+        assert leader is not None
+        refused_before = Rejection.objects.filter(lock_key=election.role_key(self.role)).count()
+        self._fault("pause")
+        self._say(f"beat demo: waiting for the resumed beat to try its old term {leader[1]} ...")
+        with contextlib.suppress(AssertionError):
+            self._wait(
+                lambda: Rejection.objects.filter(lock_key=election.role_key(self.role)).count()
+                > refused_before or self._stepped_down(leader[0]),
+                3 * config.lease + 10, "the resumed beat to step down",
+            )
+        self._let_leader_send(3 * config.interval)
+        report = self._finish()
+        self._echo()
+        return report
+
+    def _stepped_down(self, pid: int) -> bool:
+        return any(beat.pid == pid and "no longer leads" in self._text(beat) for beat in self.beats)
+
+    def _wait(self, condition: Any, timeout: float, what: str) -> Any:
+        def echoing() -> Any:
+            self._echo()
+            return condition()
+
+        return super()._wait(echoing, timeout, what)
+
+    def _echo(self) -> None:
+        """Print the beats' own lines about leading, sending and being refused."""
+        for beat in self.beats:
+            text = self._text(beat)
+            start = self._offsets.get(beat.name, 0)
+            self._offsets[beat.name] = len(text)
+            for line in text[start:].splitlines():
+                if "coordination." not in line or line.startswith("["):
+                    continue
+                if any(word in line for word in ("leads", "sent slot", "refused", "no longer leads")):
+                    self._say(f"  [{beat.name} pid {beat.pid}] {line.split(' ', 4)[-1]}")
