@@ -95,6 +95,18 @@ class MinuteChart:
 
 
 @dataclass(frozen=True)
+class RoleRow:
+    """A role of :mod:`coordination.election`: its leader now (empty: none) and term."""
+
+    role: str
+    key: str
+    leader: str
+    term: int
+    since: dt.datetime | None
+    terms: int
+
+
+@dataclass(frozen=True)
 class ContendedKey:
     key: str
     lock_id: int
@@ -178,6 +190,7 @@ class Dashboard:
     contended: list[ContendedKey]
     timelines: list[Timeline]
     recording_writes: bool
+    roles: list[RoleRow] = field(default_factory=list)
 
 
 def build_dashboard(keys: Sequence[str] = (), *, using: str | None = None) -> Dashboard:
@@ -198,6 +211,7 @@ def build_dashboard(keys: Sequence[str] = (), *, using: str | None = None) -> Da
         contended=_contended(now, alias),
         timelines=timelines,
         recording_writes=bool(app_settings.RECORD_WRITES),
+        roles=_roles(now, alias),
     )
 
 
@@ -407,6 +421,23 @@ def _contended(now: dt.datetime, alias: str) -> list[ContendedKey]:
 
 # Celery task holders read "app.tasks.deposit[<task id>]#1 on host:pid".
 _TASK_HOLDER = re.compile(r"^(?:[\w.]*\.)?(?P<name>[\w-]+)\[[^\]]*\](?:#\d+)?(?P<rest>.*)$")
+
+
+def _roles(now: dt.datetime, alias: str, limit: int = 10) -> list[RoleRow]:
+    """Election roles (locks ``election:<role>``), most recently granted first."""
+    rows = (
+        Lock.objects.using(alias).filter(key__startswith="election:")
+        .annotate(terms=Count("grants")).order_by("-acquired_at")[:limit]
+    )
+    found = []
+    for lock in rows:
+        leading = bool(lock.holder) and lock.expires_at is not None and lock.expires_at > now
+        found.append(RoleRow(
+            role=lock.key.removeprefix("election:"), key=lock.key,
+            leader=lock.holder if leading else "", term=lock.token,
+            since=lock.acquired_at if leading else None, terms=getattr(lock, "terms", 0),
+        ))
+    return found
 
 
 def _short_holder(holder: str) -> str:

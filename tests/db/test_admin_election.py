@@ -63,3 +63,12 @@ def test_beat_slots_filter_by_sent_claimed_and_lost(admin_client: Client) -> Non
     assert entries("lost") == {"lost-entry"}
     assert entries("claimed") == {"flying-entry"}
     second.resign()
+
+
+def test_the_dashboard_shows_each_role_with_its_leader_and_term(admin_client: Client) -> None:
+    election.campaign("reports", candidate="host-a", ttl=30, keepalive=False).resign()
+    leadership = election.campaign("reports", candidate="host-b", ttl=30, keepalive=False)
+    page = admin_client.get(reverse("admin:coordination_dashboard"), {"refresh": 0}).content.decode()
+    assert f'data-role="reports" data-term="{leadership.term}"' in page
+    assert "host-b" in page
+    leadership.resign()
