@@ -209,7 +209,7 @@ class FencedScheduler(Scheduler):
             self._step_down(deposed)
             return 0.0
         except Exception:
-            logger.exception("beat %s: pass failed; trying again", self.candidate)
+            logger.exception("%s: pass failed; trying again", self.candidate)
             self._reset_connection()
             return min(self.lease / 3, self._longest_sleep())
 
@@ -227,7 +227,7 @@ class FencedScheduler(Scheduler):
             return max(pause, 0.02) + random.uniform(0, 0.05)
         self.leadership = leadership
         self._resume_grid()
-        logger.warning("beat %s leads %r, term %d", self.candidate, self.role, leadership.term)
+        logger.warning("%s leads %r, term %d", self.candidate, self.role, leadership.term)
         return 0.0
 
     def _resume_grid(self) -> None:
@@ -303,7 +303,7 @@ class FencedScheduler(Scheduler):
         leadership, self.leadership = self.leadership, None
         if leadership is None:
             return
-        logger.warning("beat %s no longer leads %r (term %d): %s", self.candidate, self.role,
+        logger.warning("%s no longer leads %r (term %d): %s", self.candidate, self.role,
                        leadership.term, error or "lease lost")
         leadership.resign()
 

@@ -175,6 +175,9 @@ class BeatChaos:
             if elapsed >= config.seconds and enough:
                 break
             self._let_leader_send(config.lead_between_faults)
+            # Anywhere in the interval: a fault right after a send (when the wait
+            # above returns) would never land between a claim and its publication.
+            time.sleep(self.rng.uniform(0, config.interval))
             kind = kinds[turn % 2] if turn < 2 else self.rng.choice(kinds)
             turn += 1
             self._fault(kind)
