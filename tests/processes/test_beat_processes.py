@@ -42,3 +42,18 @@ def test_two_fenced_beats_never_run_a_slot_twice_through_a_pause_and_a_kill_of_t
     # A take-over comes within the lease plus the standby's poll and a new
     # leader's first pass; generous for a loaded machine.
     assert figures["takeover_max"] < config.lease + 10, figures
+
+
+@pytest.mark.postgres
+@pytest.mark.legs("pg", reason="real beat processes; the negative control needs one leg")
+@pytest.mark.django_db(transaction=True)
+def test_negative_control_two_stock_beats_run_every_slot_twice() -> None:
+    # Celery's own scheduler on two beats: each sends every entry.
+    config = BeatChaosConfig(seconds=6.0, beats=2, interval=1.0, fenced=False, broker=redis_url())
+    out = io.StringIO()
+    try:
+        report = BeatChaos(config, out=out).run()
+    finally:
+        wait_until_workers_disconnect()
+    assert not report.passed, (report.figures, out.getvalue())
+    assert report.figures["duplicates"] >= 2, (report.figures, out.getvalue())
