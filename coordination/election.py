@@ -164,9 +164,16 @@ class Leadership:
         return self._lost.wait(timeout)
 
     def add_on_lost(self, callback: OnLost) -> None:
-        """Call ``callback(leadership, error)`` once when the leadership is lost."""
-        self._callbacks.append(callback)
-        if self.lost and not self._resigned:
+        """Call ``callback(leadership, error)`` once when the leadership is lost (at
+        once if it is lost already; never after :meth:`resign`)."""
+        with self._callbacks_lock:
+            self._callbacks.append(callback)
+            called = self._called
+        if self._resigned:
+            return
+        if called:
+            callback(self, None)
+        elif self.lost:
             self._notify(None)
 
     def check(self) -> None:
@@ -216,6 +223,8 @@ class Leadership:
                              self.role, self.term, self.lease.expires_at.isoformat())
         else:
             logger.info("resigned leadership of %r term %d", self.role, self.term)
+        # A resigned leader's fenced writes are refused (and recorded) like a lost one's.
+        self.lease.mark_lost()
         self._lost.set()
 
     def __enter__(self) -> Leadership:
@@ -239,7 +248,9 @@ class Leadership:
             self._called = True
         signals.lock_lost.disconnect(self._on_lock_lost, sender=Grant)
         logger.warning("leadership of %r term %d lost: %s", self.role, self.term, error)
-        for callback in self._callbacks:
+        with self._callbacks_lock:
+            callbacks = list(self._callbacks)
+        for callback in callbacks:
             try:
                 callback(self, error)
             except Exception:

@@ -33,6 +33,9 @@ def test_campaign_elects_one_leader_and_a_second_candidate_is_told_who_leads() -
         assert now.since <= now.expires_at
     assert leadership.lost
     assert election.leader("report") is None
+    # A resigned leader writes no more: refused before its block runs.
+    with pytest.raises(LeaseLost), leadership.fence():
+        pytest.fail("a resigned leadership's block ran")
 
 
 def test_resign_lets_a_waiting_candidate_win_with_a_higher_term() -> None:
@@ -87,6 +90,9 @@ def test_a_revoked_leadership_is_lost_and_its_callback_runs() -> None:
     # The keep-alive renews every ttl / 3 and finds the lease gone.
     assert leadership.wait_lost(timeout=20)
     assert called.wait(5)
+    late = threading.Event()
+    leadership.add_on_lost(lambda lost, error: late.set())  # added after the loss: called at once
+    assert late.is_set()
     with pytest.raises(LeaseLost):
         leadership.check()
     with pytest.raises(LeaseLost), leadership.fence():
