@@ -40,6 +40,10 @@ Defaults (override any key in your settings)::
         "API_PAGE_SIZE": 100,       # items per page of REST lists (?page_size= up to 1000)
         "METRICS_PUBLIC": False,    # /metrics for anyone; else staff users or METRICS_TOKEN
         "METRICS_TOKEN": "",        # "Authorization: Bearer <token>" a scraper may send
+        "BEAT_ROLE": "celery-beat", # the election role FencedScheduler beats campaign for
+        "BEAT_LEASE": 15.0,         # seconds of a beat leader's lease (kept alive every third)
+        "BEAT_LOCK_DELAY": None,    # seconds the role stays unwinnable after a leader's lease
+                                    # expired; None: LOCK_DELAY
     }
 """
 
@@ -72,6 +76,9 @@ DEFAULTS: dict[str, Any] = {
     "API_PAGE_SIZE": 100,
     "METRICS_PUBLIC": False,
     "METRICS_TOKEN": "",
+    "BEAT_ROLE": "celery-beat",
+    "BEAT_LEASE": 15.0,
+    "BEAT_LOCK_DELAY": None,
 }
 
 

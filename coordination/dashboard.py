@@ -118,6 +118,18 @@ class MinuteChart:
 
 
 @dataclass(frozen=True)
+class RoleRow:
+    """A role of :mod:`coordination.election`: its leader now (empty: none) and term."""
+
+    role: str
+    key: str
+    leader: str
+    term: int
+    since: dt.datetime | None
+    terms: int
+
+
+@dataclass(frozen=True)
 class ContendedKey:
     key: str
     lock_id: int
@@ -202,6 +214,7 @@ class Dashboard:
     timelines: list[Timeline]  # empty when grants are not shown: a lane is a grant
     recording_writes: bool
     shown: Shown = field(default_factory=Shown)
+    roles: list[RoleRow] = field(default_factory=list)
 
 
 def build_dashboard(
@@ -235,6 +248,7 @@ def build_dashboard(
         timelines=timelines,
         recording_writes=bool(app_settings.RECORD_WRITES),
         shown=shown,
+        roles=_roles(now, alias, shown),
     )
 
 
@@ -466,6 +480,24 @@ def _contended(now: dt.datetime, alias: str, shown: Shown) -> list[ContendedKey]
 
 # Celery task holders read "app.tasks.deposit[<task id>]#1 on host:pid".
 _TASK_HOLDER = re.compile(r"^(?:[\w.]*\.)?(?P<name>[\w-]+)\[[^\]]*\](?:#\d+)?(?P<rest>.*)$")
+
+
+def _roles(now: dt.datetime, alias: str, shown: Shown, limit: int = 10) -> list[RoleRow]:
+    """Election roles (locks ``election:<role>``) the viewer may read, most
+    recently granted first."""
+    rows = (
+        shown.keys(Lock.objects.using(alias), "key").filter(key__startswith="election:")
+        .annotate(terms=Count("grants")).order_by("-acquired_at")[:limit]
+    )
+    found = []
+    for lock in rows:
+        leading = bool(lock.holder) and lock.expires_at is not None and lock.expires_at > now
+        found.append(RoleRow(
+            role=lock.key.removeprefix("election:"), key=lock.key,
+            leader=lock.holder if leading else "", term=lock.token,
+            since=lock.acquired_at if leading else None, terms=getattr(lock, "terms", 0),
+        ))
+    return found
 
 
 def _short_holder(holder: str) -> str:

@@ -62,8 +62,8 @@ class FencedTask(Task):  # type: ignore[type-arg]  # the body's signature is not
 
     Configured by class attributes, which ``fenced_task`` sets from its arguments:
     ``fenced_lock`` (template or callable over the task's arguments),
-    ``fenced_ttl``, ``fenced_wait``, ``fenced_on_busy``, ``fenced_keepalive`` and
-    ``fenced_supersede``.
+    ``fenced_ttl``, ``fenced_wait``, ``fenced_on_busy``, ``fenced_keepalive``,
+    ``fenced_supersede`` and ``fenced_once_per_slot``.
     """
 
     fenced_lock: LockSpec | None = None
@@ -72,6 +72,7 @@ class FencedTask(Task):  # type: ignore[type-arg]  # the body's signature is not
     fenced_on_busy: OnBusy = "retry"
     fenced_keepalive: bool = True
     fenced_supersede: bool = False
+    fenced_once_per_slot: bool = False
 
     @property
     def grant(self) -> Lease | None:
@@ -136,8 +137,14 @@ class FencedTask(Task):  # type: ignore[type-arg]  # the body's signature is not
             task=self,
             label=f"{self.name}[{request.id}]",
         )
+        body: Callable[[], Any] = lambda: self.run(*args, **kwargs)  # noqa: E731
+        if self.fenced_once_per_slot:
+            from .beat import once_per_slot
+
+            run_body = body
+            body = lambda: once_per_slot(run_body)  # noqa: E731
         return execution.run(
-            lambda: self.run(*args, **kwargs),
+            body,
             on_busy=self.fenced_on_busy,
             retry=lambda held, countdown: self.retry(exc=held, countdown=countdown),
             superseded=(lambda: self._superseded(key)) if self.fenced_supersede else None,
@@ -199,6 +206,7 @@ def fenced_task(
     on_busy: OnBusy = "retry",
     keepalive: bool = True,
     supersede: bool = False,
+    once_per_slot: bool = False,
     app: Any = None,
     **options: Any,
 ) -> Callable[[_F], Any]: ...
@@ -213,6 +221,7 @@ def fenced_task(
     on_busy: OnBusy = "retry",
     keepalive: bool = True,
     supersede: bool = False,
+    once_per_slot: bool = False,
     app: Any = None,
     **options: Any,
 ) -> Any:
@@ -230,6 +239,11 @@ def fenced_task(
     - ``supersede``: the producer numbers each enqueue of the key (a message
       header); a worker runs a message only if no later enqueue of the key
       exists, and acks older ones with a ``Skipped`` result (latest wins).
+    - ``once_per_slot``: for tasks sent by ``coordination.contrib.beat.FencedScheduler``:
+      the body runs once per beat slot (the message's ``coordination_slot``
+      header), its database writes committing with its stored result; a
+      redelivered message of the same slot returns that result
+      (:func:`coordination.contrib.beat.once_per_slot`).
     - ``app``: register on this Celery app (default: ``shared_task``).
 
     Other keyword arguments are Celery task options (``bind``, ``acks_late``,
@@ -252,6 +266,7 @@ def fenced_task(
         fenced_on_busy=on_busy,
         fenced_keepalive=keepalive,
         fenced_supersede=supersede,
+        fenced_once_per_slot=once_per_slot,
     )
     register = shared_task if app is None else app.task
 

@@ -5,6 +5,12 @@ pauses (SIGSTOP), kills (SIGKILL) and disconnects (``pg_terminate_backend``)
 them, and restarts PostgreSQL when it manages its own server. The history is
 then checked (see :mod:`project.lab.chaos.checker`); the exit status is 1 on
 any violation, or when no stale write was attempted (the faults did not bite).
+
+``--beat`` runs the beat chaos instead (:mod:`project.lab.chaos.beat`): several
+``celery beat -S coordination.contrib.beat.FencedScheduler`` processes and a
+worker, the leader paused past its lease and killed; with ``--no-fencing``, the
+negative control (Celery's stock scheduler on every beat, which shows the
+duplicates). Same ``--json`` report and exit statuses.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from typing import Any
 from django.apps import apps
 from django.core.management.base import BaseCommand, CommandError
 
+from project.lab.chaos.beat import BeatChaos, BeatChaosConfig
 from project.lab.chaos.faults import FAULT_KINDS, ManagedServerError
 from project.lab.chaos.run import ChaosConfig, ChaosError, ChaosRun
 
@@ -61,7 +68,27 @@ class Command(BaseCommand):
             help="leave the fenced document store out of the workload",
         )
 
+        beat = parser.add_argument_group("--beat: several celery beats, one leader (needs a broker)")
+        beat.add_argument(
+            "--beat", action="store_true",
+            help="run beats with FencedScheduler and a worker, pause and kill the leader, check "
+                 "that no slot ran twice (with --no-fencing: the stock scheduler's duplicates)",
+        )
+        beat.add_argument("--beats", type=int, default=2, help="beat processes (default 2)")
+        beat.add_argument("--beat-interval", type=float, default=1.0,
+                          help="seconds between the schedule's slots (default 1)")
+        beat.add_argument("--beat-lease", type=float, default=5.0,
+                          help="the beat leader's lease, seconds (default 5)")
+        beat.add_argument("--beat-lock-delay", type=float, default=0.0,
+                          help="seconds the role stays unwinnable after a lease expired (default 0)")
+        beat.add_argument("--beat-publish-delay", type=float, default=0.25,
+                          help="seconds between a slot's claim and its publication, so that kills "
+                               "sometimes leave lost slots (default 0.25)")
+
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["beat"]:
+            self._beat(options)
+            return
         faults = tuple(kind.strip() for kind in options["faults"].split(",") if kind.strip())
         unknown = set(faults) - set(FAULT_KINDS)
         if unknown:
@@ -100,3 +127,31 @@ class Command(BaseCommand):
                 f"{len(report.violations)} violations; stale writes attempted: {report.stale_attempts}",
                 returncode=1,
             )
+
+    def _beat(self, options: dict[str, Any]) -> None:
+        if options["beats"] < 2 or options["seconds"] <= 0 or options["beat_lease"] <= 0:
+            raise CommandError("need --beats >= 2, --seconds > 0 and --beat-lease > 0")
+        config = BeatChaosConfig(
+            seconds=options["seconds"], beats=options["beats"], interval=options["beat_interval"],
+            lease=options["beat_lease"], lock_delay=options["beat_lock_delay"],
+            publish_delay=options["beat_publish_delay"],
+            fenced=options["fencing"], seed=options["seed"], celery_app=options["celery_app"],
+        )
+        try:
+            report = BeatChaos(config, out=self.stdout).run()
+        except KeyboardInterrupt:
+            raise CommandError("interrupted; the beats and the worker were stopped") from None
+        except AssertionError as error:
+            raise CommandError(f"the beat chaos run could not be carried out: {error}") from None
+        self.stdout.write(report.summary())
+        if options["json_path"]:
+            with open(options["json_path"], "w", encoding="utf-8") as out:
+                json.dump(report.as_dict(), out, indent=2, sort_keys=True)
+        if not report.passed:
+            if not config.fenced:
+                raise CommandError(
+                    f"--no-fencing: {report.figures.get('duplicates')} duplicate executions, as "
+                    "expected of the stock scheduler on several beats",
+                    returncode=1,
+                )
+            raise CommandError(f"{len(report.violations)} violations", returncode=1)
