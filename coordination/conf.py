@@ -36,6 +36,9 @@ Defaults (override any key in your settings)::
         "API_PAGE_SIZE": 100,       # items per page of REST lists (?page_size= up to 1000)
         "METRICS_PUBLIC": False,    # /metrics for anyone; else staff users or METRICS_TOKEN
         "METRICS_TOKEN": "",        # "Authorization: Bearer <token>" a scraper may send
+        "ASYNC_THREADS": 8,         # threads (and database connections, at most) that
+                                    # run aacquire, arenew, arelease, afenced_update and
+                                    # afence for async callers (docs/async.md)
     }
 """
 
@@ -67,6 +70,7 @@ DEFAULTS: dict[str, Any] = {
     "API_PAGE_SIZE": 100,
     "METRICS_PUBLIC": False,
     "METRICS_TOKEN": "",
+    "ASYNC_THREADS": 8,
 }
 
 
