@@ -13,3 +13,8 @@ DATABASES["default"]["CONN_MAX_AGE"] = int(os.environ.get("COORDINATION_BENCH_CO
 # Django's sync middleware would hop to a thread per middleware per request: the
 # bench measures the grant point's calls on the loop, not that hop.
 MIDDLEWARE = []
+if os.environ.get("COORDINATION_BENCH_ASYNC_THREADS"):
+    COORDINATION = {  # noqa: F405
+        **globals().get("COORDINATION", {}),
+        "ASYNC_THREADS": int(os.environ["COORDINATION_BENCH_ASYNC_THREADS"]),
+    }
