@@ -40,6 +40,7 @@ import asyncio
 import contextvars
 import itertools
 import logging
+import os
 import queue
 import threading
 from collections.abc import Callable
@@ -81,6 +82,7 @@ class GrantPointThreads:
         self._threads: list[threading.Thread] = []
         self._numbers = itertools.count(1)
         self._closed = False
+        self.pid = os.getpid()
 
     def submit(self, call: Callable[[], _R]) -> Future[_R]:
         """Queue ``call``; its future is done when a thread has run it."""
@@ -150,9 +152,10 @@ def threads() -> GrantPointThreads:
     """The process's pool, started on first use with ``COORDINATION["ASYNC_THREADS"]``."""
     global _pool
     pool = _pool
-    if pool is None:
+    # A forked child (a prefork worker) inherits the parent's pool but none of its threads.
+    if pool is None or pool.pid != os.getpid():
         with _pool_lock:
-            if _pool is None:
+            if _pool is None or _pool.pid != os.getpid():
                 _pool = GrantPointThreads(app_settings.ASYNC_THREADS)
             pool = _pool
     return pool
