@@ -41,6 +41,12 @@ def deposit_fenced(account_id: int, amount: str) -> None:
     Account.objects.filter(pk=account_id).fenced_update(balance=account.balance + Decimal(amount))
 
 
+@fenced_task(lock="account:{account_id}", ttl=1, keepalive=False)
+def deposit_on_a_short_lease(account_id: int, amount: str) -> None:
+    account = Account.objects.get(pk=account_id)
+    Account.objects.filter(pk=account_id).fenced_update(balance=account.balance + Decimal(amount))
+
+
 if HAS_DJANGO_TASKS:
     from coordination.contrib.tasks import fenced_task as django_fenced_task
 
@@ -91,6 +97,16 @@ def test_the_same_task_writing_with_a_plain_update_fails(fencing_race: Any) -> N
     assert [write.accepted for write in race.a.writes] == [True]
     assert balance(account) == Decimal("15.00")             # A overwrote B's deposit: lost update
     assert race.b.accepted and race.a.error is None
+
+
+def test_a_lease_left_to_expire_by_the_database_clock_is_raced_the_same_way(fencing_race: Any) -> None:
+    account = Account.objects.create(owner="a", balance=Decimal("10.00"))
+
+    race = fencing_race(deposit_on_a_short_lease, args=(account.pk, "5.00"), end_lease="expire")
+
+    race.assert_fenced()
+    assert type(race.a.error).__name__ == "StaleToken"     # no keep-alive to notice first
+    assert balance(account) == Decimal("15.00")
 
 
 def test_a_fence_block_under_hold_passes(fencing_race: Any) -> None:
