@@ -4,10 +4,16 @@ The public API lives in documented modules:
 
 - :mod:`coordination.locks`: the grant point (``acquire``, ``renew``, ``release``,
   ``revoke``, ``hold``); ``acquire`` returns a :class:`~coordination.leases.Lease`.
+  For async code, beside them: ``aacquire``, ``arenew``, ``arelease``, ``ahold``
+  and ``AsyncKeepAlive`` (run on the app's threads, :mod:`coordination.aio`).
 - :mod:`coordination.backends`: one grant-point backend per database
   (``get_backend``; ``COORDINATION["GRANT_POINT"]``).
 - :mod:`coordination.fencing`: the resource side (``FencedModel``,
-  ``fenced_update``, ``fence``, ``idempotent``).
+  ``fenced_update`` and ``afenced_update``, ``fence`` and ``afence``, ``idempotent``).
+- :mod:`coordination.http`: fencing across services, the ``Fencing-Token`` header
+  (``fencing_token_header``, ``fenced_view``, ``FencedViewMixin``).
+- :mod:`coordination.testing`: a pytest plugin for your own tests
+  (``pytest_plugins = ["coordination.testing"]``; the ``fencing_race`` fixture).
 - :mod:`coordination.exceptions`: ``CoordinationError`` and its subclasses.
 """
 

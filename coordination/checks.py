@@ -219,6 +219,15 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
                 id="coordination.E003",
             )
         ]
+    threads = values["ASYNC_THREADS"]
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        return [
+            Error(
+                f"COORDINATION['ASYNC_THREADS'] is {threads!r}; it must be a positive integer.",
+                hint="The async API's threads, each with its own database connection (docs/async.md).",
+                id="coordination.E003",
+            )
+        ]
     return []
 
 

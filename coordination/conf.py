@@ -44,6 +44,9 @@ Defaults (override any key in your settings)::
         "BEAT_LEASE": 15.0,         # seconds of a beat leader's lease (kept alive every third)
         "BEAT_LOCK_DELAY": None,    # seconds the role stays unwinnable after a leader's lease
                                     # expired; None: LOCK_DELAY
+        "ASYNC_THREADS": 8,         # threads (and database connections, at most) that
+                                    # run aacquire, arenew, arelease, afenced_update and
+                                    # afence for async callers (docs/async.md)
     }
 """
 
@@ -79,6 +82,7 @@ DEFAULTS: dict[str, Any] = {
     "BEAT_ROLE": "celery-beat",
     "BEAT_LEASE": 15.0,
     "BEAT_LOCK_DELAY": None,
+    "ASYNC_THREADS": 8,
 }
 
 

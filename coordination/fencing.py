@@ -41,7 +41,7 @@ from django.db.models import F, Q, Value
 from django.db.models.expressions import Expression
 from django.db.models.sql.where import AND
 
-from . import signals, watermarks
+from . import aio, signals, watermarks
 from .backends import get_backend
 from .conf import app_settings
 from .exceptions import (
@@ -73,6 +73,7 @@ __all__ = [
     "FencedQuerySet",
     "WatermarkField",
     "WatermarkRaise",
+    "afence",
     "fence",
     "idempotent",
     "raise_fence_to_lock",
@@ -195,6 +196,22 @@ class FencedQuerySet(models.QuerySet[_Model]):
                     watermark=(current, current_step), using=self.db,
                 )
         raise CoordinationError(f"fenced_update of {label} did not settle; retry")  # pragma: no cover
+
+
+    async def afenced_update(
+        self, grant: Lease | None = None, /, *, step: int | None = None, **values: Any
+    ) -> int:
+        """``fenced_update()`` for async code: the same conditional UPDATE, guarantees
+        and refusals, run on the app's thread pool (:mod:`coordination.aio`).
+
+        ``grant`` defaults to the current one (``locks.ahold``, ``use_grant`` or a
+        fenced task) and ``step`` to its next write number, both taken in the
+        caller's context. Cancelled before a thread took it, the write never
+        runs; once it runs, it completes (one statement) and its outcome is dropped.
+        """
+        grant = _resolve_grant(grant)
+        write_step = _resolve_step(grant, step)
+        return await aio.run_sync(self.fenced_update, grant, step=write_step, **values)
 
 
 class _Admits(Expression):
@@ -442,6 +459,39 @@ def fence(
     for name in names:
         validate_key(name, what="resource")
     return _fenced_block(names, grant, step, using or app_settings.DATABASE, isinstance(resource, str))
+
+
+async def afence(
+    resource: str | Sequence[str],
+    operation: Callable[[Any], T] | None = None,
+    grant: Lease | None = None,
+    *,
+    step: int | None = None,
+    using: str | None = None,
+) -> T | None:
+    """``fence()`` for async code: ``operation(fence)`` runs inside the fence's transaction.
+
+    The same check as :func:`fence` (the Fence row(s) locked, the grant's
+    (token, step) checked against each watermark and raised) and the same
+    refusals, raised before ``operation`` runs. ``operation`` is a plain
+    function that receives the Fence (a list for several) and makes the
+    side effect's database writes; it runs on the app's thread pool, inside
+    the fence's transaction, and its result is returned. Its writes commit
+    together with the new watermark, or not at all.
+
+    Why not ``async with``: the transaction lives on one thread's connection,
+    and an async block's ORM calls run on other threads (other connections),
+    outside it; a transaction held open across the event loop's awaits would
+    also hold the fence's row lock for as long as the slowest await.
+    """
+    grant = _resolve_grant(grant)
+    write_step = _resolve_step(grant, step)
+
+    def run() -> T | None:
+        with fence(resource, grant, step=write_step, using=using) as row:
+            return None if operation is None else operation(row)
+
+    return await aio.run_sync(run)
 
 
 @contextmanager

@@ -23,20 +23,29 @@ never overlap in database time.
 
 This module holds what is the same on every backend: validating input, waiting
 (back-off, wake-ups, the fair queue), the lease's own state, logs and signals.
+
+The async API (``aacquire``, ``arenew``, ``arelease``, ``ahold`` and the
+:class:`AsyncKeepAlive` task) runs the same calls on the app's own bounded pool
+of threads (:mod:`coordination.aio`), with the same guarantees and errors; a
+cancelled coroutine never leaves a lease behind (docs/async.md).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import datetime as dt
+import functools
 import logging
 import math
 import random
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import Future
+from contextlib import asynccontextmanager, contextmanager, suppress
+from typing import Any, ParamSpec, TypeVar
 
-from . import signals
+from . import aio, signals
 from .backends import get_backend
 from .backends.base import Acquired, GrantPoint, Listener
 from .conf import app_settings
@@ -52,8 +61,13 @@ from .models import (
 )
 
 __all__ = [
+    "AsyncKeepAlive",
     "Lease",
+    "aacquire",
     "acquire",
+    "ahold",
+    "arelease",
+    "arenew",
     "current_grant",
     "database_now",
     "grant_from_proof",
@@ -65,6 +79,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger("coordination.locks")
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 _current_grant: contextvars.ContextVar[Lease | None] = contextvars.ContextVar(
     "coordination_current_grant", default=None
@@ -293,6 +310,258 @@ def grant_from_proof(
         acquired_at=found.acquired_at, expires_at=found.expires_at,
         ended_at=found.ended_at, end_reason=found.end_reason,
     )
+
+
+# --- the async API ---------------------------------------------------------------
+
+
+async def aacquire(
+    key: str,
+    *,
+    holder: str,
+    ttl: float | None = None,
+    wait: float = 0.0,
+    lock_delay: float | None = None,
+    using: str | None = None,
+) -> Lease:
+    """``acquire()`` for async code: the same grant, guarantees and errors.
+
+    Each attempt is one ``acquire()`` call on the app's thread pool
+    (:mod:`coordination.aio`), never inside a transaction of the caller. With
+    ``wait`` > 0 the coroutine sleeps between attempts (back-off with jitter,
+    up to the holder's remaining lease), holding no thread while it waits;
+    ``fair=True`` queueing is for sync callers only.
+
+    Cancelled while an attempt runs, the attempt still completes on its
+    thread (a database call cannot be interrupted half way), and a lease it
+    granted is released there at once: a cancelled ``aacquire`` never leaves a
+    lock held. Cancelled before a thread took the attempt, nothing runs.
+    """
+    wait = _validate_seconds(wait, "wait", upper=float(app_settings.MAX_WAIT))
+    deadline = time.monotonic() + wait
+    backoff = float(app_settings.POLL_INTERVAL)
+    ceiling = float(app_settings.MAX_POLL_INTERVAL)
+    while True:
+        try:
+            return await _acquire_once(
+                key, holder=holder, ttl=ttl, lock_delay=lock_delay, using=using
+            )
+        except LockHeld as held:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise
+            pause = min(backoff * random.uniform(0.5, 1.0), held.retry_after + 0.002, remaining)
+            backoff = min(backoff * 2, ceiling)
+            await asyncio.sleep(max(pause, 0.001))
+
+
+async def _acquire_once(
+    key: str, *, holder: str, ttl: float | None, lock_delay: float | None, using: str | None
+) -> Lease:
+    attempt = aio.submit(
+        acquire, key, holder=holder, ttl=ttl, wait=0.0, lock_delay=lock_delay, using=using
+    )
+    try:
+        return await asyncio.shield(asyncio.wrap_future(attempt))
+    except asyncio.CancelledError:
+        # Not started: it never will. Started (or even done, if the cancellation
+        # arrived as it finished): a lease it grants goes back at once.
+        if not attempt.cancel():
+            attempt.add_done_callback(functools.partial(_release_abandoned, using=using))
+        raise
+
+
+def _release_abandoned(attempt: Future[Lease], *, using: str | None) -> None:
+    if attempt.cancelled() or attempt.exception() is not None:
+        return
+    grant = attempt.result()
+    logger.info(
+        "lock granted to a cancelled aacquire, released key=%s token=%d", grant.key, grant.token
+    )
+    try:
+        aio.submit(_release_quietly, grant, using)
+    except RuntimeError:  # the pool was closed meanwhile: the lease expires on its own
+        logger.warning(
+            "could not release key=%s token=%d granted to a cancelled aacquire; it expires at %s",
+            grant.key, grant.token, grant.expires_at.isoformat(),
+        )
+
+
+def _release_quietly(grant: Lease, using: str | None = None) -> None:
+    try:
+        release(grant, using=using)
+    except LeaseLost:
+        pass
+    except Exception:
+        logger.exception(
+            "could not release key=%s token=%d; the lease will expire at %s",
+            grant.key, grant.token, grant.expires_at.isoformat(),
+        )
+
+
+async def arenew(grant: Lease, *, ttl: float | None = None, using: str | None = None) -> Lease:
+    """``renew()`` for async code: the same guarantee and errors (``LeaseLost``).
+
+    A renewal already running when the caller is cancelled completes on its thread.
+    """
+    return await aio.run_sync(renew, grant, ttl=ttl, using=using)
+
+
+async def arelease(grant: Lease, *, using: str | None = None) -> Lease:
+    """``release()`` for async code: the same guarantee and errors (``LeaseLost``).
+
+    The release runs to its end even if the caller is cancelled, before or while
+    it runs, and the cancelled caller does not wait for it: a cancellation
+    never leaves the lock held until its lease expires, and never hangs.
+    """
+    return await aio.run_to_completion(release, grant, using=using)
+
+
+@asynccontextmanager
+async def ahold(
+    key: str,
+    *,
+    holder: str,
+    ttl: float | None = None,
+    wait: float = 0.0,
+    keepalive: bool = False,
+    using: str | None = None,
+) -> AsyncIterator[Lease]:
+    """``hold()`` for async code: ``async with ahold(key, holder=...) as grant:``.
+
+    Acquires (``aacquire``), makes the lease current for fenced writes in the
+    block (``current_grant()``, ``afenced_update``), and releases it on every
+    exit, a cancellation included (``arelease``: the release completes even if
+    the coroutine is cancelled again while it runs). With ``keepalive=True`` an
+    :class:`AsyncKeepAlive` task renews the lease while the block runs. As with
+    ``hold()``, a block that succeeded after its lease was lost ends with
+    ``LeaseLost`` from the release.
+    """
+    lease_seconds = app_settings.DEFAULT_TTL if ttl is None else ttl
+    grant = await aacquire(key, holder=holder, ttl=ttl, wait=wait, using=using)
+    keeper = AsyncKeepAlive(grant, ttl=lease_seconds, using=using).start() if keepalive else None
+    reset = _current_grant.set(grant)
+    try:
+        try:
+            yield grant
+        except BaseException:
+            try:
+                if keeper is not None:
+                    await keeper.stop()
+            finally:
+                with suppress(LeaseLost):
+                    await arelease(grant, using=using)
+            raise
+        try:
+            if keeper is not None:
+                await keeper.stop()
+        finally:
+            await arelease(grant, using=using)
+    finally:
+        _current_grant.reset(reset)
+
+
+class AsyncKeepAlive:
+    """Keep ``grant``'s lease alive from an asyncio task until :meth:`stop`.
+
+    The schedule and failure rules of the thread-based
+    :class:`~coordination.contrib.execution.KeepAlive`: a renewal a third of
+    ``ttl`` after the previous one started, by this process's monotonic clock;
+    a transient failure retried while the lease is certainly live; once that
+    deadline passes without a renewal, or on ``LeaseLost``, the grant is marked
+    lost (later fenced writes are refused) and ``signals.lock_lost`` is sent.
+    Each renewal runs on the app's thread pool.
+
+    Limit: the task runs on the event loop, so a coroutine that blocks the loop
+    (CPU-bound work, a sync call without ``sync_to_async``) stops the renewals
+    too; the lease survives a stall shorter than about two thirds of ``ttl``.
+    """
+
+    def __init__(self, grant: Lease, *, ttl: float, using: str | None = None) -> None:
+        self.grant = grant
+        self.ttl = float(ttl)
+        self.interval = self.ttl / 3
+        self.using = using
+        self.renewals = 0
+        self.retries = 0
+        self._deadline = time.monotonic() + max(
+            0.0, (grant.expires_at - grant.acquired_at).total_seconds()
+        )
+        self._task: asyncio.Task[None] | None = None
+        self._inflight: Future[Any] | None = None
+
+    def start(self) -> AsyncKeepAlive:
+        """Start the renewing task on the running event loop."""
+        self._task = asyncio.get_running_loop().create_task(
+            self._run(), name=f"coordination-keepalive-{self.grant.key}#{self.grant.token}"
+        )
+        return self
+
+    async def stop(self) -> None:
+        """Stop renewing; returns once a renewal in flight has finished, so that it
+        cannot land after the release that usually follows."""
+        task, self._task = self._task, None
+        if task is None:
+            return
+        task.cancel()
+        await asyncio.wait({task})
+        inflight = self._inflight
+        if inflight is not None and not inflight.done():
+            with suppress(Exception):
+                await asyncio.shield(asyncio.wrap_future(inflight))
+
+    async def _call(self, func: Callable[_P, _R], *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        self._inflight = aio.submit(func, *args, **kwargs)
+        return await asyncio.wrap_future(self._inflight)
+
+    async def _run(self) -> None:
+        started = time.monotonic()
+        try:
+            now = await self._call(database_now, self.using)
+        except Exception as error:
+            logger.warning(
+                "keep-alive key=%s token=%d could not read the database clock: %s",
+                self.grant.key, self.grant.token, error,
+            )
+        else:
+            left = (self.grant.expires_at - now).total_seconds()
+            self._deadline = min(self._deadline, started + left)
+        next_due = self._deadline - self.ttl + self.interval
+        while True:
+            await asyncio.sleep(max(0.0, next_due - time.monotonic()))
+            started = time.monotonic()
+            if started >= self._deadline:
+                self._lose(TimeoutError(
+                    f"no renewal succeeded within the {self.ttl:g} s lease; it may have expired"
+                ))
+                return
+            try:
+                await self._call(renew, self.grant, ttl=self.ttl, using=self.using)
+            except LeaseLost:
+                return  # renew() marked the grant lost and sent lock_lost
+            except Exception as error:
+                left = self._deadline - time.monotonic()
+                if left <= 0:
+                    self._lose(error)
+                    return
+                self.retries += 1
+                logger.warning(
+                    "lease renewal failed key=%s token=%d: %s; retrying, %.2f s of the lease left",
+                    self.grant.key, self.grant.token, error, left,
+                )
+                next_due = time.monotonic() + min(self.interval / 4, max(left / 3, 0.01))
+                continue
+            self._deadline = started + self.ttl
+            self.renewals += 1
+            next_due = started + self.interval
+
+    def _lose(self, error: BaseException) -> None:
+        self.grant.mark_lost()
+        logger.warning(
+            "lease renewal failed key=%s token=%d: %s; the grant is marked lost",
+            self.grant.key, self.grant.token, error,
+        )
+        signals.lock_lost.send(sender=Grant, grant=self.grant, error=error)
 
 
 # --- waiting: wake-ups and the fair queue ------------------------------------

@@ -33,19 +33,20 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, suppress
 from typing import Any, Literal, TypeVar, cast, get_args
 
 from django.db import connections
 
-from .. import locks, signals
+from .. import aio, locks, signals
 from ..conf import app_settings
 from ..exceptions import InvalidInput, LeaseLost, LockHeld
 from ..leases import Lease
 from ..models import HOLDER_MAX_LENGTH, Grant, validate_key
 
 __all__ = [
+    "AsyncFencedExecution",
     "FencedExecution",
     "KeepAlive",
     "LockSpec",
@@ -424,6 +425,76 @@ class FencedExecution:
             logger.info("task %s retries in %.2f s: %s", self.label, countdown, held.detail)
             raise retry(held, countdown)
         raise held
+
+
+class AsyncFencedExecution:
+    """:class:`FencedExecution` for an ``async def`` task body: the same rules,
+    on the event loop.
+
+    The grant comes from ``locks.aacquire``, an :class:`~coordination.locks.AsyncKeepAlive`
+    task keeps the lease alive while the body is awaited, the grant is current
+    for fenced writes (``current_grant()``, ``afenced_update``) in the body's
+    context only, and the lease is released on every exit path, a cancellation
+    included (the release completes on the app's thread pool even if the
+    coroutine is cancelled again meanwhile). A release that fails is logged,
+    never raised: the outcome is the body's.
+    """
+
+    def __init__(
+        self,
+        key: str,
+        *,
+        holder: str,
+        ttl: float | None = None,
+        wait: float = 0.0,
+        keepalive: bool = True,
+        using: str | None = None,
+        task: Any = None,
+        label: str | None = None,
+    ) -> None:
+        self.key = key
+        self.holder = holder
+        self.ttl = float(app_settings.DEFAULT_TTL if ttl is None else ttl)
+        self.wait = wait
+        self.keepalive = keepalive
+        self.using = using
+        self.task = task
+        self.label = label or holder
+        self.grant: Lease | None = None
+
+    async def run(
+        self,
+        body: Callable[[], Awaitable[_T]],
+        *,
+        on_busy: OnBusy = "raise",
+        sender: Any = None,
+    ) -> _T | Skipped:
+        """Await ``body`` under a new grant; ``on_busy`` is ``"raise"`` or ``"skip"``."""
+        try:
+            self.grant = grant = await locks.aacquire(
+                self.key, holder=self.holder, ttl=self.ttl, wait=self.wait, using=self.using
+            )
+        except LockHeld as held:
+            if on_busy == "skip":
+                logger.warning("task %s skipped: %s", self.label, held.detail)
+                signals.task_skipped.send(
+                    sender=sender, task=self.task, key=self.key, reason="lock_held", error=held
+                )
+                return skipped("lock_held", self.key, held.detail)
+            raise
+        keeper = (
+            locks.AsyncKeepAlive(grant, ttl=self.ttl, using=self.using).start()
+            if self.keepalive else None
+        )
+        try:
+            with locks.use_grant(grant):
+                return await body()
+        finally:
+            try:
+                if keeper is not None:
+                    await keeper.stop()
+            finally:
+                await aio.run_to_completion(release_quietly, grant, using=self.using)
 
 
 _current_execution: contextvars.ContextVar[FencedExecution | None] = contextvars.ContextVar(

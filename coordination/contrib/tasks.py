@@ -11,6 +11,11 @@ off Celery keeps its fencing::
 
     settle.enqueue(account_id=7)
 
+An ``async def`` task function works the same way (the lease is taken with
+``locks.aacquire``, kept alive by an asyncio task and released when the
+coroutine ends, a cancellation included; see docs/async.md); inside it, write
+with ``afenced_update`` or ``afence``.
+
 Each run of the task acquires a new grant of its lock (a higher token than any
 earlier run), keeps the lease alive from a thread with its own database
 connection, makes the grant current for fenced writes while the body runs
@@ -37,6 +42,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from ..exceptions import InvalidInput
 from .execution import (
+    AsyncFencedExecution,
     FencedExecution,
     LockSpec,
     holder_name,
@@ -71,13 +77,25 @@ def fenced(
     busy = validate_on_busy(on_busy, ("skip", "raise"))
 
     def decorate(func: _F) -> _F:
-        if inspect.iscoroutinefunction(func):
-            # The keep-alive, the grant context and the release are synchronous;
-            # a coroutine would run after the lease was already released.
-            raise InvalidInput(
-                f"{func.__qualname__} is async; fenced tasks must be plain functions"
-            )
         signature = _key_signature(func, takes_context)
+        if inspect.iscoroutinefunction(func):
+            # Wrapped by a coroutine function in turn, so that django.tasks awaits
+            # the body (and the lease's whole life) instead of a bare coroutine
+            # object returned after the lease was released.
+            @functools.wraps(func)
+            async def arun(*args: Any, **kwargs: Any) -> Any:
+                key_args = args[1:] if takes_context else args
+                key = resolve_lock_key(lock, signature, key_args, kwargs)
+                task_id, attempt = _identity(args[0] if takes_context and args else None)
+                execution = AsyncFencedExecution(
+                    key,
+                    holder=holder_name(f"{func.__module__}.{func.__qualname__}", task_id, attempt),
+                    ttl=ttl, wait=wait, keepalive=keepalive, using=using, task=func,
+                    label=f"{func.__qualname__}[{task_id}]",
+                )
+                return await execution.run(lambda: func(*args, **kwargs), on_busy=busy, sender=fenced)
+
+            return arun  # type: ignore[return-value]
 
         @functools.wraps(func)
         def run(*args: Any, **kwargs: Any) -> Any:

@@ -6,6 +6,8 @@ and the module only has to import and refuse clearly.
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import time
 from decimal import Decimal
 from typing import Any
@@ -13,7 +15,7 @@ from typing import Any
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from coordination import locks, signals
+from coordination import aio, locks, signals
 from coordination.contrib import tasks as contrib_tasks
 from coordination.exceptions import InvalidInput
 from coordination.models import Grant, GrantEnd, Lock
@@ -49,6 +51,17 @@ if HAS_DJANGO_TASKS:
         account = Account.objects.get(pk=account_id)
         time.sleep(hold)  # longer than the 2 s lease: the keep-alive renews it
         Account.objects.filter(pk=account_id).fenced_update(balance=account.balance + Decimal(amount))
+        return {"token": grant.token, "key": grant.key}
+
+    @contrib_tasks.fenced_task(lock="account:{account_id}", ttl=2)
+    async def settle_async(account_id: int, amount: str, hold: float = 0.0) -> dict[str, Any]:
+        grant = locks.current_grant()
+        assert grant is not None
+        account = await Account.objects.aget(pk=account_id)
+        await asyncio.sleep(hold)  # longer than the 2 s lease: the async keep-alive renews it
+        await Account.objects.filter(pk=account_id).afenced_update(
+            balance=account.balance + Decimal(amount)
+        )
         return {"token": grant.token, "key": grant.key}
 
     @contrib_tasks.fenced_task(lock="account:{account_id}", ttl=5, on_busy="skip")
@@ -122,8 +135,28 @@ def test_context_argument_is_not_part_of_the_key_and_names_the_holder() -> None:
     assert result.return_value["attempt"] == 1
 
 
-def test_async_task_functions_are_refused_when_declared() -> None:
+@needs_django_tasks
+def test_an_async_task_body_holds_its_grant_while_awaited_and_releases_it() -> None:
+    account = AccountFactory(balance=Decimal("10.00"))
+    try:
+        result = settle_async.enqueue(account.pk, "2.50", hold=3.0)
+    finally:
+        aio.close_threads()
+
+    assert result.status == TaskResultStatus.SUCCESSFUL, result.errors
+    assert result.return_value == {"token": 1, "key": f"account:{account.pk}"}
+    grant = Grant.objects.get(lock__key=f"account:{account.pk}")
+    assert grant.end_reason == GrantEnd.RELEASED
+    # The 3 s body outlived its 2 s lease only because the async keep-alive renewed it.
+    assert (grant.ended_at - grant.acquired_at).total_seconds() >= 3.0
+    refreshed = Account.objects.get(pk=account.pk)
+    assert (refreshed.balance, refreshed.fence) == (Decimal("12.50"), 1)
+
+
+def test_an_async_task_function_stays_a_coroutine_function() -> None:
     async def fetch(account_id: int) -> None: ...
 
-    with pytest.raises(InvalidInput, match="async"):
-        contrib_tasks.fenced(lock="account:{account_id}")(fetch)
+    wrapped = contrib_tasks.fenced(lock="account:{account_id}")(fetch)
+    assert inspect.iscoroutinefunction(wrapped)
+    with pytest.raises(InvalidInput):
+        contrib_tasks.fenced(lock=7)(fetch)  # type: ignore[arg-type]

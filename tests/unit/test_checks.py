@@ -207,6 +207,14 @@ def test_ttl_bounds_out_of_order_is_e003() -> None:
         assert ids(checks.check_settings()) == ["coordination.E003"]
 
 
+@pytest.mark.parametrize("threads", [0, -1, 2.5, True, "8"])
+def test_async_threads_not_a_positive_integer_is_e003(threads: object) -> None:
+    with override_settings(COORDINATION={"ASYNC_THREADS": threads}):
+        assert ids(checks.check_settings()) == ["coordination.E003"]
+    with override_settings(COORDINATION={"ASYNC_THREADS": 4}):
+        assert checks.check_settings() == []
+
+
 # --- W003: Celery visibility timeout against the longest lease -------------------
 
 

@@ -1,0 +1,9 @@
+"""The site's ASGI entry point (``uvicorn project.asgi:application``)."""
+
+import os
+
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
+
+application = get_asgi_application()
