@@ -34,6 +34,9 @@ Defaults (override any key in your settings)::
         "API_THROTTLE_RATE": "1200/minute",  # REST requests per user; None: no limit
         "API_MAX_BODY_BYTES": 1048576,  # larger REST request bodies get 413
         "API_PAGE_SIZE": 100,       # items per page of REST lists (?page_size= up to 1000)
+        "PRUNE_LOCKS_AFTER": 2592000.0,  # seconds (30 days) a lock must be free and unused
+                                    # before coordination_prune deletes its row (the token
+                                    # floor keeps its tokens increasing); None: never
         "METRICS_PUBLIC": False,    # /metrics for anyone; else staff users or METRICS_TOKEN
         "METRICS_TOKEN": "",        # "Authorization: Bearer <token>" a scraper may send
     }
@@ -65,6 +68,7 @@ DEFAULTS: dict[str, Any] = {
     "API_THROTTLE_RATE": "1200/minute",
     "API_MAX_BODY_BYTES": 1048576,
     "API_PAGE_SIZE": 100,
+    "PRUNE_LOCKS_AFTER": 2592000.0,
     "METRICS_PUBLIC": False,
     "METRICS_TOKEN": "",
 }
