@@ -15,7 +15,7 @@ from typing import Any
 
 from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
-from rest_framework.throttling import UserRateThrottle
+from rest_framework.throttling import AnonRateThrottle, UserRateThrottle
 
 from ..conf import app_settings
 
@@ -53,4 +53,25 @@ class UserThrottle(UserRateThrottle):
 
     def get_rate(self) -> str | None:
         rate = app_settings.API_THROTTLE_RATE
+        return str(rate) if rate else None
+
+
+class AnonymousThrottle(AnonRateThrottle):
+    """Requests per client address that did not authenticate, at
+    ``COORDINATION["API_ANON_THROTTLE_RATE"]`` (None: unlimited).
+
+    DRF checks throttles after authentication and permissions, so a request
+    that fails them (no credentials, a wrong token) would never be counted:
+    :meth:`~coordination.api.views.CoordinationView.initial` counts those
+    refusals here, and answers 429 ``throttled`` instead of 401 once the rate
+    is spent, so tokens cannot be guessed at the speed of the server. The
+    address is DRF's (``REMOTE_ADDR``, or ``X-Forwarded-For`` with the site's
+    ``REST_FRAMEWORK["NUM_PROXIES"]``); the counts live in Django's default
+    cache, shared between processes only if that cache is.
+    """
+
+    scope = "coordination_anonymous"
+
+    def get_rate(self) -> str | None:
+        rate = app_settings.API_ANON_THROTTLE_RATE
         return str(rate) if rate else None

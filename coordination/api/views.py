@@ -25,10 +25,12 @@ from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponsePermanentRedirect, JsonResponse
 from django.urls import Resolver404, resolve
 from django.utils.decorators import method_decorator
+from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import generics, serializers, status
 from rest_framework.authentication import SessionAuthentication, TokenAuthentication
+from rest_framework.exceptions import AuthenticationFailed, NotAuthenticated
 from rest_framework.filters import BaseFilterBackend
 from rest_framework.metadata import SimpleMetadata
 from rest_framework.negotiation import DefaultContentNegotiation
@@ -52,7 +54,7 @@ from ..exceptions import (
 from ..models import KEY_MAX_LENGTH, KEY_PATTERN, Document, Fence, Grant, Lock, Rejection, validate_key
 from .exceptions import exception_handler
 from .parsers import StrictJSONParser
-from .permissions import ActionPermission, UserThrottle
+from .permissions import ActionPermission, AnonymousThrottle, UserThrottle
 from .serializers import (
     AcquiredGrantSerializer,
     AcquireRequest,
@@ -188,6 +190,16 @@ class CoordinationView(APIView):
 
     def get_exception_handler(self) -> Callable[..., Response | None]:
         return exception_handler
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        """DRF's checks, with refused authentication counted by the anonymous throttle."""
+        try:
+            super().initial(request, *args, **kwargs)
+        except (NotAuthenticated, AuthenticationFailed):
+            throttle = AnonymousThrottle()
+            if not throttle.allow_request(request, self):
+                self.throttled(request, throttle.wait() or 1.0)
+            raise
 
 
 class CoordinationListView(CoordinationView, generics.ListAPIView):  # type: ignore[type-arg]
@@ -500,10 +512,16 @@ class RejectionListView(CoordinationListView):
 # --- anything else under the API -------------------------------------------------------
 
 
+@csrf_exempt
 def no_endpoint(request: HttpRequest, rest: str = "") -> HttpResponse:
-    """Unknown paths under the API get the API's error shape, not an HTML page.
+    """Unknown paths under the API get the API's error shape, not an HTML page,
+    for every method.
 
-    A collection asked for without its trailing slash is redirected to it.
+    Exempt from the CSRF check, as the API's views are (they authenticate by
+    token, or check CSRF themselves for a session): it changes nothing, and a
+    POST or PUT to a wrong path must learn that the path is wrong, not that a
+    CSRF cookie is missing. A collection asked for without its trailing slash
+    is redirected to it.
     """
     if not request.path.endswith("/"):
         try:
