@@ -30,7 +30,6 @@ from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import generics, serializers, status
 from rest_framework.authentication import SessionAuthentication, TokenAuthentication
-from rest_framework.exceptions import AuthenticationFailed, NotAuthenticated
 from rest_framework.filters import BaseFilterBackend
 from rest_framework.metadata import SimpleMetadata
 from rest_framework.negotiation import DefaultContentNegotiation
@@ -38,7 +37,6 @@ from rest_framework.pagination import PageNumberPagination
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
 from .. import documents, fencing, locks
 from ..conf import app_settings
@@ -54,7 +52,7 @@ from ..exceptions import (
 from ..models import KEY_MAX_LENGTH, KEY_PATTERN, Document, Fence, Grant, Lock, Rejection, validate_key
 from .exceptions import exception_handler
 from .parsers import StrictJSONParser
-from .permissions import ActionPermission, AnonymousThrottle, UserThrottle
+from .permissions import ActionPermission, ThrottledRefusals, UserThrottle
 from .serializers import (
     AcquiredGrantSerializer,
     AcquireRequest,
@@ -167,7 +165,7 @@ class APIJSONRenderer(JSONRenderer):
     strict = True
 
 
-class CoordinationView(APIView):
+class CoordinationView(ThrottledRefusals):
     """What every coordination endpoint shares: auth, permissions, throttling, strict JSON.
 
     Each policy is set here rather than inherited from ``REST_FRAMEWORK``: a site
@@ -191,15 +189,6 @@ class CoordinationView(APIView):
     def get_exception_handler(self) -> Callable[..., Response | None]:
         return exception_handler
 
-    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
-        """DRF's checks, with refused authentication counted by the anonymous throttle."""
-        try:
-            super().initial(request, *args, **kwargs)
-        except (NotAuthenticated, AuthenticationFailed):
-            throttle = AnonymousThrottle()
-            if not throttle.allow_request(request, self):
-                self.throttled(request, throttle.wait() or 1.0)
-            raise
 
 
 class CoordinationListView(CoordinationView, generics.ListAPIView):  # type: ignore[type-arg]

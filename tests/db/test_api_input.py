@@ -498,6 +498,7 @@ def test_anonymous_requests_are_throttled_per_address(
 
     assert_refused(response, 429, "throttled", before)
     assert int(response["Retry-After"]) > 0
+    assert anonymous.get("/api/schema/", **credentials).status_code == 429  # the schema too
     # Another address, and authenticated clients, are not held back.
     other = post(anonymous, "/api/locks/job:1", {}, REMOTE_ADDR="10.0.0.9", **credentials)
     assert other.status_code == 401
