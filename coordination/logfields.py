@@ -34,7 +34,7 @@ def quote(value: object) -> str:
         return "-"
     if isinstance(value, bool):
         return "true" if value else "false"
-    text = value if isinstance(value, str) else str(value)
+    text = str(value)
     if _BARE.fullmatch(text):
         return text
     return json.dumps(text, ensure_ascii=not text.isprintable())

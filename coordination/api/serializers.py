@@ -353,6 +353,10 @@ class ErrorSerializer(serializers.Serializer[Any]):
         fields = super().get_fields()
         # Declared here: as a class attribute it would shadow Serializer.errors for mypy.
         fields["errors"] = serializers.DictField(
-            required=False, help_text="Messages per field (code 'invalid')."
+            required=False,
+            help_text="Messages per field (code 'invalid'): at most 20 fields, declared ones first.",
+        )
+        fields["errors_omitted"] = serializers.IntegerField(
+            required=False, help_text="How many more fields had errors than `errors` lists."
         )
         return fields
