@@ -34,8 +34,9 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.auth import get_user_model
+from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
-from django.db.models import Count, OuterRef, QuerySet, Subquery
+from django.db.models import Count, Model, OuterRef, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
@@ -139,6 +140,19 @@ class OperatorActionsMixin:
         if action in self.guarded_actions and action not in model_admin.get_actions(request):
             raise PermissionDenied
         return super().changelist_view(request, extra_context)  # type: ignore[misc, no-any-return]
+
+
+def _object_or_404(model_admin: admin.ModelAdmin, request: HttpRequest, object_id: str) -> Model:  # type: ignore[type-arg]
+    """The row an operator page names by its URL, or 404.
+
+    ``get_object`` turns an id the primary key cannot hold (``abc`` for an
+    integer key) into None, as the admin's own change page does; a plain
+    ``get_object_or_404(pk=...)`` would raise ``ValueError``: a server error.
+    """
+    found = model_admin.get_object(request, unquote(object_id))
+    if found is None:
+        raise Http404(f"No {model_admin.opts.verbose_name} with id {object_id!r}.")
+    return cast(Model, found)
 
 
 def _has_perm(request: HttpRequest, codename: str) -> bool:
@@ -331,7 +345,7 @@ class LockAdmin(OperatorActionsMixin, HistoryAdmin):
     def revoke_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         if not self.has_revoke_permission(request):
             raise PermissionDenied
-        lock = get_object_or_404(self.get_queryset(request), pk=object_id)
+        lock = cast(Lock, _object_or_404(self, request, object_id))
         if request.method == "POST" and request.POST.get("confirm") == "yes":
             self._revoke(request, [lock])
             return HttpResponseRedirect(reverse("admin:coordination_lock_change", args=[lock.pk]))
@@ -576,7 +590,7 @@ class FenceAdmin(OperatorActionsMixin, HistoryAdmin):
     def raise_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         if not self.has_raise_permission(request):
             raise PermissionDenied
-        fence = get_object_or_404(self.get_queryset(request), pk=object_id)
+        fence = cast(Fence, _object_or_404(self, request, object_id))
         if request.method == "POST" and request.POST.get("confirm") == "yes":
             self._raise(request, [fence])
             return HttpResponseRedirect(reverse("admin:coordination_fence_change", args=[fence.pk]))

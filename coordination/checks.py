@@ -228,6 +228,18 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
                 id="coordination.E003",
             )
         ]
+    after = values["PRUNE_LOCKS_AFTER"]
+    if after is not None and (
+        isinstance(after, bool) or not isinstance(after, int | float) or not 0 <= after < 10**10
+    ):
+        return [
+            Error(
+                f"COORDINATION['PRUNE_LOCKS_AFTER'] is {after!r}.",
+                hint="Seconds a lock must be free and unused before coordination_prune deletes "
+                "its row (a number >= 0), or None to keep every lock row.",
+                id="coordination.E003",
+            )
+        ]
     return []
 
 

@@ -38,6 +38,11 @@ Defaults (override any key in your settings)::
         "API_THROTTLE_RATE": "1200/minute",  # REST requests per user; None: no limit
         "API_MAX_BODY_BYTES": 1048576,  # larger REST request bodies get 413
         "API_PAGE_SIZE": 100,       # items per page of REST lists (?page_size= up to 1000)
+        "API_ANON_THROTTLE_RATE": "60/minute",  # REST requests per client address before
+                                    # it authenticates (refused ones included); None: no limit
+        "PRUNE_LOCKS_AFTER": 2592000.0,  # seconds (30 days) a lock must be free and unused
+                                    # before coordination_prune deletes its row (the token
+                                    # floor keeps its tokens increasing); None: never
         "METRICS_PUBLIC": False,    # /metrics for anyone; else staff users or METRICS_TOKEN
         "METRICS_TOKEN": "",        # "Authorization: Bearer <token>" a scraper may send
         "BEAT_ROLE": "celery-beat", # the election role FencedScheduler beats campaign for
@@ -77,6 +82,8 @@ DEFAULTS: dict[str, Any] = {
     "API_THROTTLE_RATE": "1200/minute",
     "API_MAX_BODY_BYTES": 1048576,
     "API_PAGE_SIZE": 100,
+    "API_ANON_THROTTLE_RATE": "60/minute",
+    "PRUNE_LOCKS_AFTER": 2592000.0,
     "METRICS_PUBLIC": False,
     "METRICS_TOKEN": "",
     "BEAT_ROLE": "celery-beat",

@@ -56,6 +56,7 @@ from .exceptions import (
 )
 from .leases import Lease
 from .locks import current_grant
+from .logfields import LogFields
 from .models import (
     MAX_TOKEN,
     DatabaseNow,
@@ -637,10 +638,12 @@ def record_rejection(
     # key=value for log search; the same fields under record.coordination for
     # JSON formatters (one attribute, so no clash with LogRecord's own names).
     logger.warning(
-        "write refused reason=%s resource=%s key=%s token=%d step=%d holder=%s "
-        "watermark_token=%s watermark_step=%s",
-        reason, resource, grant.key, grant.token, step, grant.holder,
-        rejection.watermark_token, rejection.watermark_step,
+        "write refused %s",
+        LogFields(
+            reason=reason, resource=resource, key=grant.key, token=grant.token, step=step,
+            holder=grant.holder, watermark_token=rejection.watermark_token,
+            watermark_step=rejection.watermark_step,
+        ),
         extra={
             "coordination": {
                 "event": "write_refused", "reason": str(reason), "resource": resource,
@@ -703,8 +706,11 @@ def raise_fence_to_lock(
             Fence.objects.using(alias).filter(pk=row.pk).update(token=after[0], step=after[1])
     if after > before:
         logger.warning(
-            "fence raised resource=%s key=%s watermark %s -> %s", row.resource, row.lock_key,
-            before, after,
+            "fence raised %s",
+            LogFields(
+                resource=row.resource, key=row.lock_key, token_before=before[0],
+                step_before=before[1], token=after[0], step=after[1],
+            ),
         )
     if not isinstance(fence, str):
         fence.token, fence.step = after

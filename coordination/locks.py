@@ -51,6 +51,7 @@ from .backends.base import Acquired, GrantPoint, Listener
 from .conf import app_settings
 from .exceptions import InvalidInput, LeaseLost, LockHeld
 from .leases import Lease
+from .logfields import LogFields
 from .models import (
     Grant,
     GrantEnd,
@@ -155,8 +156,8 @@ def acquire(
     lease, taken_over = acquired
     if logger.isEnabledFor(logging.INFO):
         logger.info(
-            "lock acquired key=%s token=%d holder=%s expires_at=%s",
-            key, lease.token, holder, lease.expires_at.isoformat(),
+            "lock acquired %s",
+            LogFields(key=key, token=lease.token, holder=holder, expires_at=lease.expires_at.isoformat()),
         )
     if taken_over is not None:
         signals.lock_expired.send(sender=Grant, key=key, **taken_over._asdict())
@@ -211,7 +212,9 @@ def renew(grant: Lease, *, ttl: float | None = None, using: str | None = None) -
         expires_at = get_backend(using).renew(grant, seconds)
     except LeaseLost as lost:
         grant.mark_lost()
-        logger.warning("lease lost key=%s token=%d: %s", grant.key, grant.token, lost.detail)
+        logger.warning(
+            "lease lost %s", LogFields(key=grant.key, token=grant.token, detail=lost.detail)
+        )
         signals.lock_lost.send(sender=Grant, grant=grant, error=lost)
         raise
     grant.expires_at = expires_at
@@ -241,7 +244,7 @@ def release(grant: Lease, *, using: str | None = None) -> Lease:
             f"lease of {grant.key!r} token {grant.token} expired at "
             f"{ended.expired_at.isoformat()} before release; the lock is now free"
         )
-    logger.info("lock released key=%s token=%d", grant.key, grant.token)
+    logger.info("lock released %s", LogFields(key=grant.key, token=grant.token))
     signals.lock_released.send(sender=Grant, grant=grant, reason=ended.reason)
     return grant
 
@@ -258,7 +261,9 @@ def revoke(key: str, *, using: str | None = None) -> Grant | None:
     revoked = get_backend(using).revoke(key)
     if revoked is None:
         return None
-    logger.warning("lock revoked key=%s token=%d holder=%s", key, revoked.token, revoked.holder)
+    logger.warning(
+        "lock revoked %s", LogFields(key=key, token=revoked.token, holder=revoked.holder)
+    )
     signals.lock_released.send(sender=Grant, grant=revoked, reason=GrantEnd.REVOKED)
     return revoked
 

@@ -2,9 +2,10 @@
 
 The database enforces what the code assumes: counters and watermarks are
 BIGINT NOT NULL DEFAULT 0 with ``>= 0`` checks, a grant's token is unique per
-lock, keys are validated. Lock and Fence rows are never deleted by the app:
-their counters and watermarks are what keeps old tokens from becoming valid
-again.
+lock, keys are validated. Fence rows are never deleted by the app: their
+watermarks are what keeps old tokens from becoming valid again. A Lock row is
+deleted only by pruning (:mod:`coordination.pruning`), once unused for long,
+in the transaction that raises the token floor above its counter.
 """
 
 from __future__ import annotations

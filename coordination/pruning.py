@@ -1,10 +1,29 @@
-"""Pruning: delete old history, never the state that keeps tokens and watermarks ahead.
+"""Pruning: delete old history, and lock rows unused for long, never letting a token repeat.
 
 What goes: ended grants (except each lock's latest grant, whose token is the
 lock's counter), rejections, idempotency records and accepted-write records
-older than a cutoff measured on the database clock. What stays, always: Lock
-and Fence rows (their counters and watermarks are what refuse old tokens), the
-grants of current leases and each lock's latest grant.
+older than a cutoff measured on the database clock; and the Lock rows of keys
+free and unused for ``COORDINATION["PRUNE_LOCKS_AFTER"]`` seconds (and at
+least the cutoff), with what is left of their grant history. What stays,
+always: Fence rows (their watermarks are what refuse old tokens), every lock
+that is held, expired within the cutoff, in a running lock-delay or with a
+fair waiter queued, and the grants of every lock that stays.
+
+Why deleting a Lock row keeps tokens increasing (rules 3 and 8 of
+docs/rules.md): the row holds the key's counter, and a key with no row starts
+again at the token floor + 1. So the transaction that deletes lock rows first
+raises the floor (:class:`~coordination.models.TokenFloor`) to at least the
+highest counter it deletes; every grant point issues ``max(counter, floor) +
+1`` and reads the floor after it holds the key's row (the ORM and SQLite
+paths) or reads it again when it created the row (the PostgreSQL function):
+a later grant of a pruned key gets a token above every token the key ever
+had, and above every watermark its fences hold. The rows are locked first
+(``FOR UPDATE SKIP LOCKED``: a lock an acquire is taking is skipped, never
+waited for) and checked again after the locks are held, so an acquire racing
+the prune either takes the row before it is locked (and it stays) or finds
+it gone and creates a new one above the raised floor. The price is that the
+floor is shared: every other key's next token jumps above the pruned key's
+counter too (gaps are allowed; order per key is kept).
 
 Deletion goes in batches, each its own short transaction, so the grant point
 and the fences keep running while it prunes.
@@ -18,14 +37,24 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.db import models, transaction
-from django.db.models import F, Q
+from django.db.models import Exists, F, OuterRef, Q
 
 from .conf import app_settings
 from .exceptions import InvalidInput
 from .locks import database_now
-from .models import AcceptedWrite, Grant, IdempotencyRecord, Rejection
+from .models import (
+    MAX_TOKEN,
+    AcceptedWrite,
+    DatabaseNow,
+    Grant,
+    IdempotencyRecord,
+    Lock,
+    Rejection,
+    Ticket,
+    TokenFloor,
+)
 
-__all__ = ["PruneTarget", "parse_age", "prune", "targets"]
+__all__ = ["PruneTarget", "lock_cutoff", "parse_age", "prune", "prune_locks", "targets", "unused_locks"]
 
 _AGE = re.compile(r"(\d+)([smhd])")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
@@ -87,8 +116,10 @@ def prune(
     if batch_size < 1:
         raise InvalidInput("the batch size must be at least 1")
     alias = using or app_settings.DATABASE
-    cutoff = database_now(alias) - older_than
+    now = database_now(alias)
+    cutoff = now - older_than
     counts: dict[str, int] = {}
+    locks_cutoff = lock_cutoff(now, cutoff)
     for target in targets():
         rows = target.model._base_manager.using(alias).filter(target.old(cutoff))
         if not apply:
@@ -109,4 +140,115 @@ def prune(
             if len(batch) < batch_size:
                 break
         counts[target.name] = deleted
+    if locks_cutoff is not None:
+        counts["locks"] = prune_locks(
+            locks_cutoff, apply=apply, batch_size=batch_size, using=alias, progress=progress
+        )
     return counts
+
+
+def lock_cutoff(now: dt.datetime, history_cutoff: dt.datetime) -> dt.datetime | None:
+    """Until when a lock must have been unused to be pruned, or None: never.
+
+    ``PRUNE_LOCKS_AFTER`` seconds before ``now``, and never after the history
+    cutoff: a pruned lock's grants go with it, so none of them may be younger
+    than the grant history kept.
+    """
+    after = app_settings.PRUNE_LOCKS_AFTER
+    if after is None:
+        return None
+    return min(history_cutoff, now - dt.timedelta(seconds=float(after)))
+
+
+def unused_locks(cutoff: dt.datetime) -> Q:
+    """Locks free and unused since ``cutoff`` (database time), as far as SQL decides it.
+
+    Free: released or revoked with any lock-delay over, or a lease that expired
+    before the cutoff (its lock-delay is checked by :func:`_lease_over`). Unused:
+    created before the cutoff, and no grant of the key open or ended since. No
+    fair waiter queued for the key. Never a key at the largest token: its
+    counter would lift the shared floor to where no key has a token left.
+    """
+    recent_grant = Grant.objects.filter(lock=OuterRef("pk")).filter(
+        Q(ended_at__gte=cutoff) | Q(ended_at__isnull=True, expires_at__gte=cutoff)
+    )
+    queued = Ticket.objects.filter(lock_key=OuterRef("key"), expires_at__gt=DatabaseNow())
+    free = Q(holder="") & (Q(delay_until__isnull=True) | Q(delay_until__lt=cutoff))
+    expired = Q(holder__gt="", expires_at__lt=cutoff)
+    return (
+        Q(created_at__lt=cutoff, token__lt=MAX_TOKEN)
+        & (free | expired)
+        & ~Exists(recent_grant)
+        & ~Exists(queued)
+    )
+
+
+def _lease_over(holder: str, expires_at: dt.datetime | None, lock_delay: float, cutoff: dt.datetime) -> bool:
+    """A lease left to expire counts as ended once its lock-delay is over too."""
+    if not holder:
+        return True
+    return expires_at is not None and expires_at + dt.timedelta(seconds=lock_delay) < cutoff
+
+
+def prune_locks(
+    cutoff: dt.datetime,
+    *,
+    apply: bool = True,
+    batch_size: int = 1000,
+    using: str | None = None,
+    progress: Callable[[str], None] = lambda line: None,
+) -> int:
+    """Delete the Lock rows unused since ``cutoff`` and their grants; return how many.
+
+    Each batch is one transaction: lock the candidate rows (skipping rows
+    another transaction holds), check them again now that they are locked,
+    raise the token floor to the highest counter among them, delete their
+    grants, delete them. See the module's docstring for why tokens stay
+    increasing. With ``apply=False`` only counts.
+    """
+    alias = using or app_settings.DATABASE
+    candidates = Lock.objects.using(alias).filter(unused_locks(cutoff))
+    fields = ("pk", "token", "holder", "expires_at", "lock_delay")
+    if not apply:
+        count = sum(
+            1
+            for holder, expires_at, lock_delay in candidates.values_list(*fields[2:]).iterator()
+            if _lease_over(holder, expires_at, lock_delay, cutoff)
+        )
+        progress(f"locks: {count} to delete")
+        return count
+    deleted = 0
+    after_pk = 0
+    while True:
+        with transaction.atomic(using=alias):
+            locked = list(
+                candidates.filter(pk__gt=after_pk)
+                .select_for_update(skip_locked=True)
+                .order_by("pk")
+                .values_list("pk", flat=True)[:batch_size]
+            )
+            if not locked:
+                break
+            after_pk = locked[-1]
+            # Checked again in a statement of its own, after the row locks are
+            # held: a grant committed after the first statement began is seen
+            # here, and no grant can commit now until this transaction ends.
+            rows = [
+                (pk, token)
+                for pk, token, holder, expires_at, lock_delay in (
+                    candidates.filter(pk__in=locked).values_list(*fields)
+                )
+                if _lease_over(holder, expires_at, lock_delay, cutoff)
+            ]
+            if rows:
+                pks = [pk for pk, _token in rows]
+                # The floor first, in the same transaction: a key pruned here
+                # and granted again starts above its last token (rule 3).
+                TokenFloor.objects.using(alias).raise_to(max(token for _pk, token in rows))
+                Grant.objects.using(alias).filter(lock_id__in=pks).delete()
+                Lock.objects.using(alias).filter(pk__in=pks).delete()
+                deleted += len(pks)
+        progress(f"locks: {deleted} deleted")
+        if len(locked) < batch_size:
+            break
+    return deleted

@@ -17,7 +17,8 @@ UPDATE`` trigger per table:
   ``fenced_save()``, so no unfenced write slips through.
 
 Only UPDATE is guarded: inserts start a row, and deletes (test flushes,
-``TRUNCATE``) remove it; the app itself never deletes Lock or Fence rows.
+``TRUNCATE``) remove it; the app never deletes Fence rows, and deletes a Lock
+row only by pruning, after raising the token floor above its counter.
 
 ``migrate`` installs them: migrations 0007 and 0008 for the app's own tables, and a
 ``post_migrate`` receiver (:func:`install_after_migrate`) for every concrete

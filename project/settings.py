@@ -4,7 +4,15 @@
   Default: a SQLite file under ``var/`` with IMMEDIATE transactions, so token
   issuance is serialised there too.
 - ``CELERY_BROKER_URL``: default is Celery's filesystem transport under ``var/``.
-- ``DJANGO_SECRET_KEY``, ``DJANGO_DEBUG``, ``DJANGO_ALLOWED_HOSTS``.
+- ``DJANGO_DEBUG``: off unless set to 1/true/yes/on (``bin/run`` sets it for
+  the local demo). Production-safe by default: ``gunicorn project.wsgi`` with no
+  environment shows no debug pages.
+- ``DJANGO_SECRET_KEY``: required when DEBUG is off; with DEBUG on a fixed
+  development key is used when it is missing.
+- ``DJANGO_ALLOWED_HOSTS``: comma-separated, default ``127.0.0.1,localhost``.
+- ``DJANGO_ADMIN_LOGIN_FAILURES`` (5) and ``DJANGO_ADMIN_LOGIN_WINDOW`` (900
+  seconds): failed admin logins allowed per client address and per user name
+  in that window before the login answers 429 (:mod:`project.login_throttle`).
 """
 
 from __future__ import annotations
@@ -14,16 +22,22 @@ from pathlib import Path
 from typing import Any
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("COORDINATION_VAR_DIR", BASE_DIR / "var"))
 VAR_DIR.mkdir(parents=True, exist_ok=True)
 
-DEBUG = os.environ.get("DJANGO_DEBUG", "1").lower() in {"1", "true", "yes", "on"}
+DEBUG = os.environ.get("DJANGO_DEBUG", "0").strip().lower() in {"1", "true", "yes", "on"}
 SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "")
 if not SECRET_KEY:
     if not DEBUG:
-        raise RuntimeError("DJANGO_SECRET_KEY must be set when DJANGO_DEBUG is off")
+        raise ImproperlyConfigured(
+            "DJANGO_SECRET_KEY is not set. The site runs with DEBUG off unless DJANGO_DEBUG=1, "
+            "and then it needs a secret key of its own: export DJANGO_SECRET_KEY=<a long random "
+            "string> (python -c 'import secrets; print(secrets.token_urlsafe(50))'). For a local "
+            "run with debug pages and a development key, use bin/run or DJANGO_DEBUG=1."
+        )
     SECRET_KEY = "insecure-development-key-do-not-use-in-production"
 ALLOWED_HOSTS = [
     host.strip()
@@ -113,6 +127,13 @@ LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
+
+# Failed admin logins per client address and per user name, in a window of
+# seconds, before the login answers 429 (project/login_throttle.py). Counted
+# in the default cache: give several server processes a shared one (Redis,
+# Memcached, the database cache) so they count together.
+ADMIN_LOGIN_FAILURES = int(os.environ.get("DJANGO_ADMIN_LOGIN_FAILURES", "5"))
+ADMIN_LOGIN_WINDOW = int(os.environ.get("DJANGO_ADMIN_LOGIN_WINDOW", "900"))
 
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"

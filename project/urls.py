@@ -5,7 +5,11 @@ from django.urls import include, path
 
 from coordination.metrics import metrics_view
 
+from .login_throttle import admin_login
+
 urlpatterns = [
+    # Before the admin's own URLs: its login, throttled after repeated failures.
+    path("admin/login/", admin_login, name="admin-login"),
     path("admin/", admin.site.urls),
     path("api/", include("coordination.api.urls")),
     path("metrics", metrics_view, name="metrics"),

@@ -128,3 +128,13 @@ def grant_point(request: pytest.FixtureRequest, settings: Any) -> str:
 @pytest.fixture
 def in_threads() -> Iterator[Callable[..., list[Any]]]:
     yield run_in_threads
+
+
+@pytest.fixture(autouse=True)
+def fresh_throttle_counts() -> None:
+    """Every test starts with an empty default cache: the API's throttles and the
+    admin login's failure counts live there, and one test's requests (all from
+    127.0.0.1) must not spend the next one's rate."""
+    from django.core.cache import cache
+
+    cache.clear()

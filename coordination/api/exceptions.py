@@ -3,6 +3,19 @@
 Coordination errors keep their own ``code`` and extra fields (``holder``,
 ``expires_at``, ``retry_after``, ``current_token`` ...). DRF's errors get the
 stable codes below; validation errors add ``errors``, the messages per field.
+
+An error response is bounded whatever the request: at most
+:data:`MAX_FIELD_ERRORS` fields in ``errors`` (then ``errors_omitted`` says
+how many more there were), field names and messages cut at
+:data:`MAX_TEXT`, nested messages at :data:`MAX_MESSAGES` per list and
+:data:`MAX_DEPTH` levels. A body of 60,000 unknown fields is answered in
+about two kilobytes, not megabytes.
+
+A body over Django's own limits (``DATA_UPLOAD_MAX_MEMORY_SIZE``,
+``DATA_UPLOAD_MAX_NUMBER_FIELDS``, ``DATA_UPLOAD_MAX_NUMBER_FILES``), met when a
+form body is read (the CSRF check of a session request reads it), is
+``413 request_too_large`` like a JSON body over ``API_MAX_BODY_BYTES``, never
+Django's HTML 400 page.
 """
 
 from __future__ import annotations
@@ -12,14 +25,29 @@ from collections.abc import Mapping
 from typing import Any
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
 from django.http import Http404
 from rest_framework import exceptions
 from rest_framework.response import Response
 from rest_framework.settings import api_settings
 
 from ..exceptions import CoordinationError, InvalidInput, LockHeld
+from .parsers import RequestTooLarge
 
-__all__ = ["error_body", "exception_handler"]
+__all__ = ["MAX_FIELD_ERRORS", "RequestTooLarge", "error_body", "exception_handler"]
+
+MAX_FIELD_ERRORS = 20
+"""Fields an ``invalid`` answer lists in ``errors``; ``errors_omitted`` counts the rest."""
+MAX_TEXT = 200
+"""Characters of a field name or message shown; longer ones end in an ellipsis."""
+MAX_MESSAGES = 5
+"""Items of a list of messages shown (a list field's errors per item)."""
+MAX_DEPTH = 4
+"""Levels of nested messages shown (an object field's errors per key)."""
+
+
+# Django's own upload limits, raised when a form body is read.
+DJANGO_LIMITS = (RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent)
 
 # DRF exception class -> the stable code clients see.
 CODES: list[tuple[type[exceptions.APIException], str]] = [
@@ -43,7 +71,9 @@ def exception_handler(exc: Exception, context: Mapping[str, Any]) -> Response | 
     """
     if isinstance(exc, CoordinationError):
         return _coordination_response(exc)
-    if isinstance(exc, Http404):
+    if isinstance(exc, DJANGO_LIMITS):
+        exc = RequestTooLarge(f"The request is over the site's limits: {exc}")
+    elif isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, DjangoPermissionDenied):
         exc = exceptions.PermissionDenied()
@@ -67,8 +97,14 @@ def error_body(exc: exceptions.APIException) -> dict[str, Any]:
         code = str(exc.default_code)
     if isinstance(exc, exceptions.ValidationError):
         errors = _field_errors(exc.detail)
-        return {"code": code, "detail": _summary(errors), "errors": errors}
-    return {"code": code, "detail": str(exc.detail)}
+        shown = dict(list(errors.items())[:MAX_FIELD_ERRORS])
+        body: dict[str, Any] = {"code": code, "detail": _summary(shown), "errors": shown}
+        omitted = len(errors) - len(shown)
+        if omitted:
+            body["errors_omitted"] = omitted
+            body["detail"] += f" ({omitted} more fields not listed)"
+        return body
+    return {"code": code, "detail": _cut(str(exc.detail), 4 * MAX_TEXT)}
 
 
 def _coordination_response(exc: CoordinationError) -> Response:
@@ -87,18 +123,32 @@ def _field_errors(detail: Any) -> dict[str, Any]:
         # this API documents them as "non_field_errors" in every site.
         site_key = api_settings.NON_FIELD_ERRORS_KEY
         return {
-            "non_field_errors" if name == site_key else str(name): _messages(value)
+            "non_field_errors" if name == site_key else _cut(str(name)): _messages(value)
             for name, value in detail.items()
         }
     return {"non_field_errors": _messages(detail)}
 
 
-def _messages(value: Any) -> Any:
+def _messages(value: Any, depth: int = 0) -> Any:
+    """The messages of one field, bounded in length, count and depth."""
+    if depth >= MAX_DEPTH and isinstance(value, Mapping | list):
+        return ["(nested errors not shown)"]
     if isinstance(value, Mapping):
-        return {str(name): _messages(inner) for name, inner in value.items()}
+        items = list(value.items())
+        shown = {_cut(str(name)): _messages(inner, depth + 1) for name, inner in items[:MAX_MESSAGES]}
+        if len(items) > MAX_MESSAGES:
+            shown["..."] = [f"{len(items) - MAX_MESSAGES} more not shown"]
+        return shown
     if isinstance(value, list):
-        return [_messages(item) for item in value]
-    return str(value)
+        listed = [_messages(item, depth + 1) for item in value[:MAX_MESSAGES]]
+        if len(value) > MAX_MESSAGES:
+            listed.append(f"{len(value) - MAX_MESSAGES} more not shown")
+        return listed
+    return _cut(str(value))
+
+
+def _cut(text: str, limit: int = MAX_TEXT) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
 def _summary(errors: Mapping[str, Any]) -> str:

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from rest_framework.exceptions import AuthenticationFailed, NotAuthenticated
 from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
-from rest_framework.throttling import UserRateThrottle
+from rest_framework.throttling import AnonRateThrottle, UserRateThrottle
+from rest_framework.views import APIView
 
 from ..conf import app_settings
 
@@ -54,3 +56,42 @@ class UserThrottle(UserRateThrottle):
     def get_rate(self) -> str | None:
         rate = app_settings.API_THROTTLE_RATE
         return str(rate) if rate else None
+
+
+class AnonymousThrottle(AnonRateThrottle):
+    """Requests per client address that did not authenticate, at
+    ``COORDINATION["API_ANON_THROTTLE_RATE"]`` (None: unlimited).
+
+    DRF checks throttles after authentication and permissions, so a request
+    that fails them (no credentials, a wrong token) would never be counted:
+    :class:`ThrottledRefusals` (every API view and the schema) counts those
+    refusals here, and answers 429 ``throttled`` instead of 401 once the rate
+    is spent, so tokens cannot be guessed at the speed of the server. The
+    address is DRF's (``REMOTE_ADDR``, or ``X-Forwarded-For`` with the site's
+    ``REST_FRAMEWORK["NUM_PROXIES"]``); the counts live in Django's default
+    cache, shared between processes only if that cache is.
+    """
+
+    scope = "coordination_anonymous"
+
+    def get_rate(self) -> str | None:
+        rate = app_settings.API_ANON_THROTTLE_RATE
+        return str(rate) if rate else None
+
+
+class ThrottledRefusals(APIView):
+    """An API view whose refused authentications spend the :class:`AnonymousThrottle`.
+
+    DRF runs ``initial()``: content negotiation, authentication, permissions,
+    then throttles. A request refused before the throttles (401) is counted here
+    instead, and answered 429 once its address has spent the rate.
+    """
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        try:
+            super().initial(request, *args, **kwargs)
+        except (NotAuthenticated, AuthenticationFailed):
+            throttle = AnonymousThrottle()
+            if not throttle.allow_request(request, self):
+                self.throttled(request, throttle.wait() or 1.0)
+            raise

@@ -28,6 +28,7 @@ from rest_framework.response import Response
 
 from .. import __version__
 from .exceptions import exception_handler
+from .permissions import ThrottledRefusals
 
 __all__ = ["DOCS_APP", "DocsView", "RedocView", "SchemaView", "coordination_endpoints", "docs_page"]
 
@@ -62,7 +63,7 @@ def coordination_endpoints(endpoints: list[tuple[Any, ...]]) -> list[tuple[Any, 
     ]
 
 
-class SchemaView(SpectacularAPIView):
+class SchemaView(ThrottledRefusals, SpectacularAPIView):
     """The OpenAPI 3 schema of this API, for authenticated users (token or session)."""
 
     authentication_classes = [TokenAuthentication, SessionAuthentication]

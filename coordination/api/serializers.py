@@ -112,14 +112,17 @@ class StrictSerializer(serializers.Serializer[Any]):
 
     def to_internal_value(self, data: Any) -> Any:
         unknown = sorted(set(data) - set(self.fields)) if isinstance(data, Mapping) else []
-        errors: dict[str, Any] = {name: ["Unknown field."] for name in unknown}
+        errors: dict[str, Any] = {}
         try:
             value = super().to_internal_value(data)
         except serializers.ValidationError as error:
-            if not errors:
+            if not unknown:
                 raise
             if isinstance(error.detail, Mapping):
                 errors.update(error.detail)
+        # The declared fields' errors first: an answer that lists only the
+        # first fields (api.exceptions.MAX_FIELD_ERRORS) still names them.
+        errors.update({name: ["Unknown field."] for name in unknown})
         if errors:
             raise serializers.ValidationError(errors, code="invalid")
         return value
@@ -138,7 +141,9 @@ def _storable_json(value: Any, depth: int = 0) -> None:
     PostgreSQL's jsonb rejects ``\\u0000`` and the driver cannot encode a lone
     surrogate; both would otherwise fail at the database as a server error.
     """
-    if depth > DATA_MAX_DEPTH:
+    # ``depth`` counts the arrays and objects around ``value``; an array or
+    # object here is one level more.
+    if isinstance(value, Mapping | list) and depth >= DATA_MAX_DEPTH:
         raise serializers.ValidationError(f"Nested deeper than {DATA_MAX_DEPTH} levels.", code="invalid")
     if isinstance(value, str):
         _storable_text(value)
@@ -348,6 +353,10 @@ class ErrorSerializer(serializers.Serializer[Any]):
         fields = super().get_fields()
         # Declared here: as a class attribute it would shadow Serializer.errors for mypy.
         fields["errors"] = serializers.DictField(
-            required=False, help_text="Messages per field (code 'invalid')."
+            required=False,
+            help_text="Messages per field (code 'invalid'): at most 20 fields, declared ones first.",
+        )
+        fields["errors_omitted"] = serializers.IntegerField(
+            required=False, help_text="How many more fields had errors than `errors` lists."
         )
         return fields

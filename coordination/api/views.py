@@ -27,6 +27,7 @@ from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponsePermanentRedirect, JsonResponse
 from django.urls import Resolver404, resolve
 from django.utils.decorators import method_decorator
+from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import generics, serializers, status
@@ -38,7 +39,6 @@ from rest_framework.pagination import PageNumberPagination
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
 from .. import access, documents, fencing, locks
 from ..conf import app_settings
@@ -55,7 +55,7 @@ from ..exceptions import (
 from ..models import KEY_MAX_LENGTH, KEY_PATTERN, Document, Fence, Grant, Lock, Rejection, validate_key
 from .exceptions import exception_handler
 from .parsers import StrictJSONParser
-from .permissions import ActionPermission, UserThrottle
+from .permissions import ActionPermission, ThrottledRefusals, UserThrottle
 from .serializers import (
     AcquiredGrantSerializer,
     AcquireRequest,
@@ -168,7 +168,7 @@ class APIJSONRenderer(JSONRenderer):
     strict = True
 
 
-class CoordinationView(APIView):
+class CoordinationView(ThrottledRefusals):
     """What every coordination endpoint shares: auth, permissions, throttling, strict JSON.
 
     Each policy is set here rather than inherited from ``REST_FRAMEWORK``: a site
@@ -191,6 +191,7 @@ class CoordinationView(APIView):
 
     def get_exception_handler(self) -> Callable[..., Response | None]:
         return exception_handler
+
 
 
 class CoordinationListView(CoordinationView, generics.ListAPIView):  # type: ignore[type-arg]
@@ -527,10 +528,16 @@ class RejectionListView(CoordinationListView):
 # --- anything else under the API -------------------------------------------------------
 
 
+@csrf_exempt
 def no_endpoint(request: HttpRequest, rest: str = "") -> HttpResponse:
-    """Unknown paths under the API get the API's error shape, not an HTML page.
+    """Unknown paths under the API get the API's error shape, not an HTML page,
+    for every method.
 
-    A collection asked for without its trailing slash is redirected to it.
+    Exempt from the CSRF check, as the API's views are (they authenticate by
+    token, or check CSRF themselves for a session): it changes nothing, and a
+    POST or PUT to a wrong path must learn that the path is wrong, not that a
+    CSRF cookie is missing. A collection asked for without its trailing slash
+    is redirected to it.
     """
     if not request.path.endswith("/"):
         try:

@@ -144,15 +144,17 @@ class OrmGrantPoint(GrantPoint):
         """The lock's row, locked until the transaction ends; created if missing
         and ``create``, else None if missing."""
         rows = Lock.objects.using(self.alias).select_for_update()
-        try:
-            return rows.get(key=key)
-        except Lock.DoesNotExist:
-            if not create:
-                return None
-        # ON CONFLICT DO NOTHING: racing first acquirers of a new key both get past
-        # here without an error, then queue on the same row lock.
-        Lock.objects.using(self.alias).bulk_create([Lock(key=key)], ignore_conflicts=True)
-        return rows.get(key=key)
+        while True:
+            try:
+                return rows.get(key=key)
+            except Lock.DoesNotExist:
+                if not create:
+                    return None
+            # ON CONFLICT DO NOTHING: racing first acquirers of a new key both get
+            # past here without an error, then queue on the same row lock. The row
+            # that made the insert a no-op may be pruned before it is locked
+            # (coordination.pruning): then look again, and make it again.
+            Lock.objects.using(self.alias).bulk_create([Lock(key=key)], ignore_conflicts=True)
 
     def _tickets_ahead(self, key: str, ticket: int | None, now: dt.datetime) -> int:
         """Live tickets in the fair queue of ``key`` before ``ticket`` (all, without one:

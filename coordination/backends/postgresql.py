@@ -20,7 +20,8 @@ the statement that closes it. The WHERE is the SQL twin of
 :func:`coordination.backends.base.grant_refusal`, and the token it issues is
 :func:`~coordination.backends.base.next_token`'s: above the key's counter and
 above the token floor, read once per call from its one-row table (no extra
-round trip; rule 8 of docs/rules.md).
+round trip; rule 8 of docs/rules.md), and read again when the grant created
+the key's row, so a key whose row a prune deleted starts above its last token.
 
 Waiters are woken with LISTEN/NOTIFY, by both PostgreSQL backends (this one and
 the ORM transaction chosen with ``COORDINATION["GRANT_POINT"] = "orm"``).
@@ -39,7 +40,7 @@ from django.db import DatabaseError, ProgrammingError, models, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..conf import app_settings
-from ..exceptions import LeaseLost
+from ..exceptions import LeaseLost, TokenExhausted
 from ..leases import Lease
 from ..models import MAX_TOKEN, GrantEnd, hash_lease_id
 from .base import (
@@ -83,7 +84,9 @@ RELEASE_FUNCTION = "coordination_release"
 # docs/rules.md; base.next_token): a key never granted starts at floor + 1.
 # {read_floor} is how the floor is read (READ_FLOOR, or 0 where the schema has
 # no floor yet). It is read once, before the upsert, in the call's own
-# statement snapshot: a floor committed before the call began is seen.
+# statement snapshot: a floor committed before the call began is seen; and
+# again, after the upsert, when the token is the one above that read (see the
+# comment there: a prune raising the floor as it deletes the key's row).
 CREATE_ACQUIRE_FUNCTION = """
 CREATE OR REPLACE FUNCTION coordination_acquire(
     p_key text, p_holder text, p_hash text, p_ttl double precision,
@@ -97,6 +100,7 @@ CREATE OR REPLACE FUNCTION coordination_acquire(
 ) LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
     v_prev bigint;
+    v_floor bigint;
 BEGIN
     token_floor := {read_floor};
     -- Without a ticket (p_ticket = p_max_token) every live ticket of the key is
@@ -143,6 +147,25 @@ BEGIN
     END IF;
 
     granted := true;
+    -- A token just one above the floor read before the upsert (a key's first
+    -- row, or a counter below the floor): read the floor again. A prune
+    -- (coordination.pruning) deletes a key's row in the transaction that raises
+    -- the floor above its counter; an upsert that found the row gone committed
+    -- after that transaction did, so this later statement sees the raised floor
+    -- and the token goes above it, never back to a token the key had.
+    IF token = token_floor + 1 THEN
+        v_floor := {read_floor};
+        IF v_floor >= token THEN
+            IF v_floor >= p_max_token THEN
+                RAISE EXCEPTION 'the token floor is %, the largest token: no token is left for %',
+                    v_floor, p_key USING ERRCODE = 'CF001';
+            END IF;
+            token := v_floor + 1;
+            token_floor := v_floor;
+            UPDATE {lock} AS l SET token = coordination_acquire.token
+            WHERE l.id = coordination_acquire.lock_id;
+        END IF;
+    END IF;
     -- The key's previous token: token - 1, unless this grant rose to the floor
     -- (token = floor + 1): then it is the key's last grant at or below the
     -- floor, if it has one (the lookup runs only for such grants).
@@ -243,6 +266,9 @@ RETURNING 1
 """
 NOTIFY = "SELECT pg_notify(%s, %s)"
 INSUFFICIENT_PRIVILEGE = "42501"
+# The acquire function found the token floor raised to the largest token after
+# it created the key's row: nothing was granted (the call rolled back).
+FLOOR_EXHAUSTED = "CF001"
 UNDEFINED_FUNCTION = "42883"
 LISTEN = f"LISTEN {WAKE_UP_CHANNEL}"
 
@@ -437,8 +463,13 @@ class PostgreSQLGrantPoint(PostgreSQLOrmGrantPoint):
         """One call of a grant-point function; a missing function says what to do."""
         try:
             return self.execute(template, params)
-        except ProgrammingError as error:
-            if _sqlstate(error) != UNDEFINED_FUNCTION:
+        except DatabaseError as error:
+            if _sqlstate(error) == FLOOR_EXHAUSTED:
+                raise TokenExhausted(
+                    f"the token floor was raised to the largest 64-bit token: {error}; "
+                    "tokens never wrap"
+                ) from error
+            if not isinstance(error, ProgrammingError) or _sqlstate(error) != UNDEFINED_FUNCTION:
                 raise
             raise ImproperlyConfigured(
                 f"the grant point's functions are missing in database {self.alias!r} ({error}). "

@@ -29,6 +29,7 @@ from .. import locks, signals
 from ..conf import app_settings
 from ..exceptions import InvalidInput
 from ..leases import Lease
+from ..logfields import LogFields
 from ..models import Lock
 from .execution import (
     FencedExecution,
@@ -177,7 +178,7 @@ class FencedTask(Task):  # type: ignore[type-arg]  # the body's signature is not
         if latest is None or ticket >= latest:
             return None
         detail = f"enqueue {ticket} of {key!r} was superseded by enqueue {latest}; not running"
-        logger.info("task %s[%s] %s", self.name, self.request.id, detail)
+        logger.info("task superseded %s", LogFields(task=self.name, id=self.request.id, detail=detail))
         signals.task_skipped.send(sender=type(self), task=self, key=key, reason="superseded", error=None)
         return skipped("superseded", key, detail)
 
@@ -188,7 +189,8 @@ class FencedTask(Task):  # type: ignore[type-arg]  # the body's signature is not
             return None if value is None else int(value)
         except (TypeError, ValueError):
             logger.warning(
-                "task %s[%s] has a malformed %s header", self.name, request.id, ENQUEUE_TOKEN_HEADER
+                "task header malformed %s",
+                LogFields(task=self.name, id=request.id, header=ENQUEUE_TOKEN_HEADER, value=value),
             )
             return None
 

@@ -43,6 +43,7 @@ from .. import aio, locks, signals
 from ..conf import app_settings
 from ..exceptions import InvalidInput, LeaseLost, LockHeld
 from ..leases import Lease
+from ..logfields import LogFields
 from ..models import HOLDER_MAX_LENGTH, Grant, validate_key
 
 __all__ = [
@@ -244,8 +245,11 @@ class KeepAlive:
                     self.retries += 1
                     self._reset_connection()
                     logger.warning(
-                        "lease renewal failed key=%s token=%d: %s; retrying, %.2f s of the lease left",
-                        self.grant.key, self.grant.token, error, left,
+                        "lease renewal failed, retrying %s",
+                        LogFields(
+                            key=self.grant.key, token=self.grant.token, error=error,
+                            lease_left=f"{left:.2f}s",
+                        ),
                     )
                     next_due = time.monotonic() + min(self.interval / 4, max(left / 3, 0.01))
                     continue
@@ -255,8 +259,11 @@ class KeepAlive:
                 self.slowest_renewal = max(self.slowest_renewal, took)
                 if took > self.interval:
                     logger.warning(
-                        "lease renewal key=%s token=%d took %.2f s of a %g s lease",
-                        self.grant.key, self.grant.token, took, self.ttl,
+                        "lease renewal slow %s",
+                        LogFields(
+                            key=self.grant.key, token=self.grant.token, took=f"{took:.2f}s",
+                            ttl=f"{self.ttl:g}s",
+                        ),
                     )
                 next_due = started + self.interval
         finally:
@@ -272,8 +279,8 @@ class KeepAlive:
         except Exception as error:
             self._reset_connection()
             logger.warning(
-                "keep-alive key=%s token=%d could not read the database clock: %s",
-                self.grant.key, self.grant.token, error,
+                "keep-alive could not read the database clock %s",
+                LogFields(key=self.grant.key, token=self.grant.token, error=error),
             )
             return
         left = (self.grant.expires_at - now).total_seconds()
@@ -286,8 +293,8 @@ class KeepAlive:
     def _lose(self, error: BaseException) -> None:
         self.grant.mark_lost()
         logger.warning(
-            "lease renewal failed key=%s token=%d: %s; the grant is marked lost",
-            self.grant.key, self.grant.token, error,
+            "lease renewal failed, the grant is marked lost %s",
+            LogFields(key=self.grant.key, token=self.grant.token, error=error),
         )
         signals.lock_lost.send(sender=Grant, grant=self.grant, error=error)
 
@@ -415,14 +422,17 @@ class FencedExecution:
         sender: Any,
     ) -> Skipped:
         if on_busy == "skip":
-            logger.warning("task %s skipped: %s", self.label, held.detail)
+            logger.warning("task skipped %s", LogFields(task=self.label, detail=held.detail))
             signals.task_skipped.send(
                 sender=sender, task=self.task, key=self.key, reason="lock_held", error=held
             )
             return skipped("lock_held", self.key, held.detail)
         if on_busy == "retry" and retry is not None:
             countdown = retry_countdown(held)
-            logger.info("task %s retries in %.2f s: %s", self.label, countdown, held.detail)
+            logger.info(
+                "task retries %s",
+                LogFields(task=self.label, countdown=f"{countdown:.2f}s", detail=held.detail),
+            )
             raise retry(held, countdown)
         raise held
 
@@ -524,13 +534,13 @@ def release_quietly(grant: Lease, *, using: str | None = None) -> None:
         locks.release(grant, using=using)
     except LeaseLost as lost:
         logger.warning(
-            "task ran past its lease key=%s token=%d: %s; its fenced writes were still checked",
-            grant.key, grant.token, lost.detail,
+            "task ran past its lease, its fenced writes were still checked %s",
+            LogFields(key=grant.key, token=grant.token, detail=lost.detail),
         )
     except Exception:
         logger.exception(
-            "could not release key=%s token=%d; the lease will expire at %s",
-            grant.key, grant.token, grant.expires_at.isoformat(),
+            "could not release, the lease will expire %s",
+            LogFields(key=grant.key, token=grant.token, expires_at=grant.expires_at.isoformat()),
         )
 
 

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import datetime as dt
 from io import StringIO
+from typing import Any
 
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from coordination import locks, pruning
-from coordination.exceptions import InvalidInput
+from coordination.exceptions import InvalidInput, StaleToken
+from coordination.fencing import fence
 from coordination.leases import Lease
 from coordination.models import (
     AcceptedWrite,
@@ -20,6 +22,8 @@ from coordination.models import (
     Lock,
     Rejection,
     RejectionReason,
+    Ticket,
+    TokenFloor,
 )
 from tests.support.factories import FenceFactory
 
@@ -88,7 +92,7 @@ def test_prune_keeps_recent_history() -> None:
     assert (Grant.objects.count(), Rejection.objects.count(), IdempotencyRecord.objects.count()) == (
         3, 1, 1,
     )
-    assert "Deleted 0 grants, 0 rejections, 0 idempotency records, 0 accepted writes" in out
+    assert "Deleted 0 grants, 0 rejections, 0 idempotency records, 0 accepted writes, 0 locks" in out
 
 
 def test_prune_deletes_old_rejections_idempotency_records_and_accepted_writes() -> None:
@@ -109,7 +113,7 @@ def test_prune_deletes_old_rejections_idempotency_records_and_accepted_writes() 
     assert list(AcceptedWrite.objects.values_list("resource", flat=True)) == ["new"]
 
 
-def test_prune_never_deletes_lock_or_fence_rows() -> None:
+def test_prune_keeps_recently_made_lock_rows_and_every_fence() -> None:
     ended_grants("job:1", 2)
     FenceFactory(resource="mailbox-1", lock_key="job:1", token=2)
     age(Grant.objects.all(), "ended_at")
@@ -119,6 +123,140 @@ def test_prune_never_deletes_lock_or_fence_rows() -> None:
 
     assert Lock.objects.filter(key="job:1", token=2).exists()
     assert Fence.objects.filter(resource="mailbox-1", token=2).exists()
+
+
+# --- lock rows unused for long ------------------------------------------------------
+
+
+def unused_since(key: str, by: dt.timedelta = LONG_AGO) -> None:
+    """Make ``key``'s lock row and its grants look ``by`` old."""
+    age(Lock.objects.filter(key=key), "created_at", by)
+    age(Grant.objects.filter(lock__key=key, ended_at__isnull=False), "ended_at", by)
+    age(Grant.objects.filter(lock__key=key), "expires_at", by)
+
+
+def test_an_unused_lock_row_goes_and_its_key_starts_above_its_last_token() -> None:
+    old = ended_grants("old:1", 3)[-1]
+    FenceFactory(resource="mailbox-1", lock_key="old:1", token=3)
+    unused_since("old:1")
+
+    out = prune("--older-than", "30d")
+
+    assert not Lock.objects.filter(key="old:1").exists()
+    assert not Grant.objects.filter(token__in=[1, 2, 3]).exists()
+    assert "1 locks" in out
+    assert TokenFloor.objects.value() >= old.token
+    assert Fence.objects.filter(resource="mailbox-1", token=3).exists()
+    # Granted again: above every token it ever had, so its fence takes the write.
+    again = locks.acquire("old:1", holder="w", ttl=30)
+    assert again.token > old.token
+    with fence("mailbox-1", again):
+        pass
+    with pytest.raises(StaleToken), fence("mailbox-1", old):
+        pass
+
+
+def test_a_lease_left_to_expire_long_ago_counts_as_unused() -> None:
+    left = locks.acquire("walked-away", holder="w", ttl=30)
+    unused_since("walked-away")
+    age(Lock.objects.filter(key="walked-away"), "expires_at")
+
+    prune("--older-than", "30d")
+
+    assert not Lock.objects.filter(key="walked-away").exists()
+    assert locks.acquire("walked-away", holder="w", ttl=30).token > left.token
+
+
+def test_locks_in_use_or_used_lately_stay() -> None:
+    held = locks.acquire("held", holder="w", ttl=30)
+    ended_grants("recent", 1)
+    expired_lately = locks.acquire("expired-lately", holder="w", ttl=30)
+    in_delay = locks.release(locks.acquire("in-delay", holder="w", ttl=30))
+    queued = locks.release(locks.acquire("queued", holder="w", ttl=30))
+    for key in ("held", "recent", "expired-lately", "in-delay", "queued"):
+        age(Lock.objects.filter(key=key), "created_at")
+    unused_since("in-delay")
+    unused_since("queued")
+    age(Lock.objects.filter(key="expired-lately"), "expires_at", dt.timedelta(days=1))
+    age(Grant.objects.filter(lock__key="expired-lately"), "expires_at", dt.timedelta(days=1))
+    age(Lock.objects.filter(key="in-delay"), "delay_until", -dt.timedelta(hours=1))
+    Ticket.objects.create(
+        lock_key="queued", holder="waiter", expires_at=locks.database_now() + dt.timedelta(hours=1)
+    )
+
+    prune("--older-than", "30d")
+
+    assert set(Lock.objects.values_list("key", flat=True)) == {
+        "held", "recent", "expired-lately", "in-delay", "queued",
+    }
+    assert (held.token, expired_lately.token, in_delay.token, queued.token) == (1, 1, 1, 1)
+    locks.renew(held)
+
+
+def test_an_expired_lease_in_its_lock_delay_stays() -> None:
+    locks.acquire("delayed", holder="w", ttl=30, lock_delay=3600)
+    unused_since("delayed")
+    # Expired 40 days ago, but with a lock-delay of 50 days it is not over.
+    age(Lock.objects.filter(key="delayed"), "expires_at")
+    Lock.objects.filter(key="delayed").update(lock_delay=50 * 86400)
+
+    prune("--older-than", "30d")
+
+    assert Lock.objects.filter(key="delayed").exists()
+
+
+def test_the_grant_history_kept_bounds_lock_pruning(settings: Any) -> None:
+    settings.COORDINATION = {**settings.COORDINATION, "PRUNE_LOCKS_AFTER": 0}
+    ended_grants("ten-days", 1)
+    unused_since("ten-days", dt.timedelta(days=10))
+
+    prune("--older-than", "30d")  # grants younger than 30 days are kept, so is their lock
+
+    assert Lock.objects.filter(key="ten-days").exists()
+    prune("--older-than", "5d")
+    assert not Lock.objects.filter(key="ten-days").exists()
+
+
+def test_prune_locks_after_is_the_lock_age(settings: Any) -> None:
+    ended_grants("ten-days", 1)
+    unused_since("ten-days", dt.timedelta(days=10))
+    prune("--older-than", "1d")  # the default: 30 days unused
+    assert Lock.objects.filter(key="ten-days").exists()
+
+    settings.COORDINATION = {**settings.COORDINATION, "PRUNE_LOCKS_AFTER": 9 * 86400}
+    prune("--older-than", "1d")
+    assert not Lock.objects.filter(key="ten-days").exists()
+
+
+def test_prune_locks_after_none_keeps_every_lock_row(settings: Any) -> None:
+    settings.COORDINATION = {**settings.COORDINATION, "PRUNE_LOCKS_AFTER": None}
+    ended_grants("old:1", 1)
+    unused_since("old:1")
+
+    out = prune("--older-than", "30d")
+
+    assert Lock.objects.filter(key="old:1").exists()
+    assert "locks" not in out
+
+
+def test_lock_pruning_goes_in_batches_and_dry_run_counts() -> None:
+    for number in range(5):
+        ended_grants(f"old:{number}", 1)
+        unused_since(f"old:{number}")
+    ended_grants("new", 1)
+
+    assert "Would delete 0 grants, 0 rejections, 0 idempotency records, 0 accepted writes, 5 locks" in prune(
+        "--older-than", "30d", "--dry-run"
+    )
+    assert Lock.objects.count() == 6
+
+    out = prune("--older-than", "30d", "--batch-size", "2")
+
+    assert list(Lock.objects.values_list("key", flat=True)) == ["new"]
+    assert [line for line in out.splitlines() if line.startswith("locks:")] == [
+        "locks: 2 deleted", "locks: 4 deleted", "locks: 5 deleted",
+    ]
+    assert locks.acquire("old:3", holder="w", ttl=30).token > 1
 
 
 def test_prune_goes_in_batches_with_progress() -> None:

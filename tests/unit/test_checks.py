@@ -215,6 +215,18 @@ def test_async_threads_not_a_positive_integer_is_e003(threads: object) -> None:
         assert checks.check_settings() == []
 
 
+@pytest.mark.parametrize("value", [-1, "30d", True, 10**12])
+def test_a_bad_prune_locks_after_is_e003(value: object) -> None:
+    with override_settings(COORDINATION={"PRUNE_LOCKS_AFTER": value}):
+        assert ids(checks.check_settings()) == ["coordination.E003"]
+
+
+@pytest.mark.parametrize("value", [None, 0, 86400, 2592000.0])
+def test_prune_locks_after_takes_seconds_or_none(value: object) -> None:
+    with override_settings(COORDINATION={"PRUNE_LOCKS_AFTER": value}):
+        assert checks.check_settings() == []
+
+
 # --- W003: Celery visibility timeout against the longest lease -------------------
 
 

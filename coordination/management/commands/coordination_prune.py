@@ -13,9 +13,11 @@ from coordination.exceptions import InvalidInput
 
 class Command(BaseCommand):
     help = (
-        "Delete ended grants (never a lock's latest grant), rejections, idempotency records and "
-        "accepted-write records older than --older-than, in short batches; safe while the service "
-        "runs. Lock and Fence rows are never deleted."
+        "Delete ended grants (never a kept lock's latest grant), rejections, idempotency records "
+        "and accepted-write records older than --older-than, and the rows of locks unused for "
+        "COORDINATION['PRUNE_LOCKS_AFTER'] (and --older-than) with their grants, after raising "
+        "the token floor above their counters; in short batches, safe while the service runs. "
+        "Fence rows are never deleted."
     )
 
     def add_arguments(self, parser: ArgumentParser) -> None:

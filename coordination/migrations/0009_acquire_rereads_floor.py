@@ -1,0 +1,36 @@
+"""The acquire function reads the token floor again when it created the key's row.
+
+``coordination_prune`` deletes the Lock rows of keys unused for long, in the
+transaction that raises the token floor above their counters. An acquire that
+read the floor before that transaction committed, and found the row gone,
+must not issue its key a token from the older floor: the re-created function
+reads the floor again in that case (rule 3 of docs/rules.md). Backwards:
+nothing to undo (the function of 0008 without that read is not kept).
+"""
+
+from django.db import migrations
+
+
+def install_functions(apps, schema_editor):
+    if schema_editor.connection.vendor != "postgresql":
+        return
+    from coordination.backends import postgresql
+
+    postgresql.install_if_permitted(
+        schema_editor.connection,
+        lock=apps.get_model("coordination", "Lock"),
+        grant=apps.get_model("coordination", "Grant"),
+        ticket=apps.get_model("coordination", "Ticket"),
+        floor=apps.get_model("coordination", "TokenFloor"),
+    )
+
+
+class Migration(migrations.Migration):
+
+    dependencies = [
+        ("coordination", "0008_token_floor"),
+    ]
+
+    operations = [
+        migrations.RunPython(install_functions, migrations.RunPython.noop, elidable=False),
+    ]

@@ -1,0 +1,48 @@
+"""Log fields: a value is one field, whatever it contains."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from coordination.logfields import LogFields, format_fields, quote
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["worker-3", "account:7", "2026-11-29T12:00:05+00:00", "42", "a/b@c.d_e"],
+)
+def test_plain_values_stay_bare(value: str) -> None:
+    assert quote(value) == value
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["", "x reason=accepted key=other", 'say "hi"', "back\\slash", "new\nline", "tab\there", "caf\u00e9 x",
+     "\u2028line separator", "x=y"],
+)
+def test_anything_else_is_one_json_string(value: str) -> None:
+    quoted = quote(value)
+    assert quoted.startswith('"') and quoted.endswith('"')
+    assert json.loads(quoted) == value
+    assert "\n" not in quoted and "\u2028" not in quoted
+
+
+def test_none_and_booleans() -> None:
+    assert format_fields({"a": None, "b": True, "c": False, "d": 7}) == "a=- b=true c=false d=7"
+
+
+def test_a_forged_value_cannot_add_a_field() -> None:
+    line = format_fields({"key": "job:1", "holder": 'x" reason=accepted key="other'})
+    assert line == 'key=job:1 holder="x\\" reason=accepted key=\\"other"'
+
+
+def test_log_fields_render_only_when_emitted() -> None:
+    class Loud:
+        def __str__(self) -> str:
+            raise AssertionError("rendered")
+
+    logging.getLogger("coordination.tests.silent").debug("event %s", LogFields(value=Loud()))
+    assert str(LogFields(a="b c")) == 'a="b c"'
