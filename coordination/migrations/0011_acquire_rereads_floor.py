@@ -28,7 +28,7 @@ def install_functions(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ("coordination", "0008_token_floor"),
+        ("coordination", "0010_election_beat"),
     ]
 
     operations = [
