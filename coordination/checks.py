@@ -240,6 +240,43 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
                 id="coordination.E003",
             )
         ]
+    return _beat_settings(values)
+
+
+def _beat_settings(values: dict[str, Any]) -> list[CheckMessage]:
+    """E003 for FencedScheduler settings a beat would only refuse at its first
+    campaign: a role that is no valid key, a lease the grant point refuses."""
+    from .election import ROLE_PREFIX
+    from .exceptions import CoordinationError
+    from .models import validate_key
+
+    try:
+        validate_key(f"{ROLE_PREFIX}{values['BEAT_ROLE']}", what="COORDINATION['BEAT_ROLE']")
+    except CoordinationError as error:
+        return [Error(str(error), id="coordination.E003")]
+    lease, delay = values["BEAT_LEASE"], values["BEAT_LOCK_DELAY"]
+    if isinstance(lease, bool) or not isinstance(lease, int | float) or not (
+        values["MIN_TTL"] <= lease <= values["MAX_TTL"]
+    ):
+        return [
+            Error(
+                f"COORDINATION['BEAT_LEASE'] is {lease!r}.",
+                hint="Seconds of the beat leader's lease, between MIN_TTL and MAX_TTL "
+                "(15 by default; 5 is the shortest the keep-alive holds safely, docs/celery.md).",
+                id="coordination.E003",
+            )
+        ]
+    if delay is not None and (
+        isinstance(delay, bool) or not isinstance(delay, int | float) or delay < 0
+    ):
+        return [
+            Error(
+                f"COORDINATION['BEAT_LOCK_DELAY'] is {delay!r}.",
+                hint="Seconds the beat role stays unwinnable after a leader's lease expired "
+                "(a number >= 0), or None for LOCK_DELAY.",
+                id="coordination.E003",
+            )
+        ]
     return []
 
 

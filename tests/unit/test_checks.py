@@ -227,6 +227,31 @@ def test_prune_locks_after_takes_seconds_or_none(value: object) -> None:
         assert checks.check_settings() == []
 
 
+@pytest.mark.parametrize(
+    "beat",
+    [
+        {"BEAT_ROLE": "has space"},
+        {"BEAT_ROLE": ""},
+        {"BEAT_LEASE": 0.01},         # under MIN_TTL
+        {"BEAT_LEASE": 10**9},        # over MAX_TTL
+        {"BEAT_LEASE": "15"},
+        {"BEAT_LOCK_DELAY": -1},
+        {"BEAT_LOCK_DELAY": True},
+    ],
+)
+def test_a_beat_setting_the_scheduler_would_refuse_is_e003(beat: dict[str, object]) -> None:
+    with override_settings(COORDINATION=beat):
+        assert ids(checks.check_settings()) == ["coordination.E003"]
+
+
+@pytest.mark.parametrize(
+    "beat", [{}, {"BEAT_ROLE": "nightly-beat", "BEAT_LEASE": 5, "BEAT_LOCK_DELAY": 2.5}]
+)
+def test_good_beat_settings_pass(beat: dict[str, object]) -> None:
+    with override_settings(COORDINATION=beat):
+        assert checks.check_settings() == []
+
+
 # --- W003: Celery visibility timeout against the longest lease -------------------
 
 
