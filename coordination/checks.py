@@ -250,8 +250,11 @@ def _beat_settings(values: dict[str, Any]) -> list[CheckMessage]:
     from .exceptions import CoordinationError
     from .models import validate_key
 
+    role = values["BEAT_ROLE"]
     try:
-        validate_key(f"{ROLE_PREFIX}{values['BEAT_ROLE']}", what="COORDINATION['BEAT_ROLE']")
+        if not isinstance(role, str) or not role:
+            validate_key(None, what="COORDINATION['BEAT_ROLE']")
+        validate_key(f"{ROLE_PREFIX}{role}", what="COORDINATION['BEAT_ROLE']")
     except CoordinationError as error:
         return [Error(str(error), id="coordination.E003")]
     lease, delay = values["BEAT_LEASE"], values["BEAT_LOCK_DELAY"]
