@@ -68,9 +68,17 @@ def test_e004_names_the_grant_points_database_not_the_default() -> None:
     assert 'DATABASES["locks"]["OPTIONS"]' in message.hint
 
 
-def test_database_checks_run_under_plain_check() -> None:
+def test_database_checks_run_under_plain_check(django_db_blocker: Any) -> None:
     # Not tagged "database": plain `check` (and runserver, and a worker's start) runs them.
-    with override_settings(DATABASES=databases(**SQLITE)), pytest.raises(SystemCheckError) as raised:
+    # Django's own model checks ask SQLite whether it supports JSONField, which opens
+    # a connection: an in-memory database here, so the answer never depends on which
+    # test opened (and cached) a connection before this one.
+    in_memory = {**SQLITE, "NAME": ":memory:"}
+    with (
+        override_settings(DATABASES=databases(**in_memory)),
+        django_db_blocker.unblock(),
+        pytest.raises(SystemCheckError) as raised,
+    ):
         call_command("check", stdout=StringIO(), stderr=StringIO())
     assert "coordination.E004" in str(raised.value)
 
