@@ -1,4 +1,5 @@
-"""Reentrancy across threads, and pairwise transfers with ``acquire_many`` under contention.
+"""Reentrancy across threads, pairwise transfers with ``acquire_many`` under contention,
+and permits of a counting semaphore under contention.
 
 The transfer run lasts ``COORDINATION_TRANSFER_SECONDS`` (default 3 s, for the
 suite); docs/primitives.md gives the figures of a 30-second run.
@@ -22,6 +23,7 @@ from django.db.models import F
 from coordination import locks
 from coordination.exceptions import LockHeld
 from coordination.models import Grant
+from coordination.semaphores import acquire_permit
 from project.demo.models import Account
 from tests.support.factories import AccountFactory
 from tests.support.waiting import run_in_threads
@@ -145,3 +147,38 @@ def test_threads_moving_money_between_random_pairs_never_deadlock_or_lose_a_cent
             assert later.acquired_at >= (earlier.ended_at or earlier.expires_at)
         if grants:
             assert Account.objects.get(pk=pk).fence == tokens[-1]
+
+
+@pytest.mark.usefixtures("grant_point")
+def test_waiting_threads_never_hold_more_permits_than_the_limit() -> None:
+    limit, threads, rounds = 2, 6, 4
+    inside: Counter[str] = Counter()
+    most = 0
+    guard = threading.Lock()
+
+    def worker(index: int) -> list[tuple[str, int]]:
+        nonlocal most
+        taken = []
+        for _ in range(rounds):
+            permit = acquire_permit("batch", limit=limit, holder=f"w{index}", ttl=30, wait=60)
+            with guard:
+                inside["all"] += 1
+                inside[permit.key] += 1
+                most = max(most, inside["all"])
+                assert inside[permit.key] == 1, "two holders of one slot"
+            time.sleep(0.005)
+            with guard:
+                inside["all"] -= 1
+                inside[permit.key] -= 1
+            locks.release(permit)
+            taken.append((permit.key, permit.token))
+        return taken
+
+    granted = [pair for taken in run_in_threads(threads, worker) for pair in taken]
+
+    assert len(granted) == threads * rounds
+    assert most <= limit
+    assert {key for key, _ in granted} <= {"batch@1", "batch@2"}
+    for key in {key for key, _ in granted}:
+        tokens = sorted(token for slot, token in granted if slot == key)
+        assert tokens == list(range(1, len(tokens) + 1)), f"tokens of {key} repeat or skip"

@@ -1,4 +1,5 @@
-"""Reentrancy within one execution, several keys at once, and fences over several grants."""
+"""Reentrancy within one execution, several keys at once, fences over several grants,
+and counting semaphores whose permits are fenced per slot."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from coordination.exceptions import (
 )
 from coordination.fencing import fence
 from coordination.models import Fence, Grant, Lock, Rejection
+from coordination.semaphores import MAX_PERMITS, acquire_permit, permit_keys, permit_slot
+from tests.support.waiting import wait_until_database_time_passes
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("grant_point")]
 
@@ -178,3 +181,54 @@ def test_fence_with_several_grants_refuses_a_row_none_of_them_guards() -> None:
         pass
     with pytest.raises(DuplicateWrite), fence(["acct:3", "acct:4"], grants, step=5):
         pytest.fail("the block ran")
+
+
+# --- counting semaphores ---------------------------------------------------------------
+
+
+def test_permits_are_slots_each_with_its_own_token_and_at_most_limit_are_granted() -> None:
+    permits = [
+        acquire_permit("export", limit=3, holder=f"worker-{n}", ttl=30) for n in range(3)
+    ]
+
+    assert sorted(permit_slot(permit) for permit in permits) == [1, 2, 3]
+    assert {permit.key for permit in permits} == {"export@1", "export@2", "export@3"}
+    assert [permit.token for permit in permits] == [1, 1, 1]
+    with pytest.raises(LockHeld) as refused:
+        acquire_permit("export", limit=3, holder="worker-4", ttl=30)
+    assert refused.value.holder == "all 3 permits of 'export'"
+    assert refused.value.retry_after > 0
+
+    locks.release(permits[1])  # a permit is a lease: the lock API releases it
+    fourth = acquire_permit("export", limit=3, holder="worker-4", ttl=30)
+    assert (fourth.key, fourth.token) == (permits[1].key, 2)
+
+
+def test_permit_names_and_limits_are_checked() -> None:
+    assert permit_keys("export", 2) == ["export@1", "export@2"]
+    for limit in (0, -1, True, 1.5, MAX_PERMITS + 1):
+        with pytest.raises(InvalidInput):
+            acquire_permit("export", limit=limit, holder="worker-a")  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput):
+        acquire_permit("bad key", limit=2, holder="worker-a")
+    with transaction.atomic(), pytest.raises(InTransaction):
+        acquire_permit("export", limit=2, holder="worker-a")
+
+
+def test_a_paused_permit_holder_is_refused_by_its_slots_fence_and_the_other_slot_runs_on() -> None:
+    paused = acquire_permit("report", limit=2, holder="paused", ttl=0.5)
+    running = acquire_permit("report", limit=2, holder="running", ttl=30)
+    with fence(paused.key, paused):
+        pass
+    wait_until_database_time_passes(paused.expires_at)
+
+    # The only grantable slot is the paused holder's: its next token goes to "next".
+    successor = acquire_permit("report", limit=2, holder="next", ttl=30)
+    assert (successor.key, successor.token) == (paused.key, paused.token + 1)
+    with fence(successor.key, successor):
+        pass
+
+    with pytest.raises(StaleToken), fence(paused.key, paused):
+        pytest.fail("the late write of the paused permit holder ran")
+    with fence(running.key, running):  # the other slot is not disturbed
+        pass
