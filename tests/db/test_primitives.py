@@ -167,6 +167,25 @@ def test_fence_takes_the_grants_of_acquire_many_for_rows_guarded_by_different_ke
     assert Rejection.objects.filter(resource="acct:2", token=grants["acct:2"].token).exists()
 
 
+def test_a_pair_holder_paused_past_its_leases_is_refused_after_the_next_pair_wrote() -> None:
+    paused = locks.acquire_many(["acct:5", "acct:6"], holder="paused", ttl=0.5)
+    with fence(["acct:5", "acct:6"], paused):
+        pass
+    wait_until_database_time_passes(max(lease.expires_at for lease in paused.values()))
+
+    # Both leases expired: the next acquire_many takes both keys over.
+    successor = locks.acquire_many(["acct:5", "acct:6"], holder="next", ttl=30)
+    assert {key: lease.token for key, lease in successor.items()} == {"acct:5": 2, "acct:6": 2}
+    with fence("acct:6", successor["acct:6"]):
+        pass
+
+    # The paused holder resumes: one of its two rows has a newer watermark, so
+    # the whole write is refused, the row nobody newer wrote included.
+    with pytest.raises(StaleToken), fence(["acct:5", "acct:6"], paused):
+        pytest.fail("the late write of the paused pair holder ran")
+    assert Fence.objects.get(resource="acct:5").token == paused["acct:5"].token
+
+
 def test_fence_with_several_grants_refuses_a_row_none_of_them_guards() -> None:
     Fence.objects.create(resource="ledger", lock_key="ledger-lock")
     grants = locks.acquire_many(["acct:3", "acct:4"], holder="mover", ttl=30)
