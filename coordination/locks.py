@@ -70,11 +70,13 @@ __all__ = [
     "AsyncKeepAlive",
     "Lease",
     "aacquire",
+    "aacquire_many",
     "acquire",
     "acquire_many",
     "ahold",
     "arelease",
     "arenew",
+    "await_grant",
     "current_grant",
     "database_now",
     "grant_from_proof",
@@ -644,6 +646,78 @@ def _release_quietly(grant: Lease, using: str | None = None) -> None:
             "could not release key=%s token=%d; the lease will expire at %s",
             grant.key, grant.token, grant.expires_at.isoformat(),
         )
+
+
+async def aacquire_many(
+    keys: Iterable[str],
+    *,
+    holder: str,
+    ttl: float | None = None,
+    wait: float = 0.0,
+    lock_delay: float | None = None,
+    using: str | None = None,
+) -> dict[str, Lease]:
+    """``acquire_many()`` for async code: the same all-or-none grant, guarantees and errors.
+
+    Each attempt is one ``acquire_many()`` call (``wait=0``) on the app's thread
+    pool; between attempts the coroutine sleeps holding no thread. Cancelled
+    while an attempt runs, the attempt completes on its thread and a set it
+    granted is released there at once, as with :func:`aacquire`.
+    """
+    if isinstance(keys, str):
+        raise InvalidInput("aacquire_many takes a collection of keys, not one key")
+    wanted = list(keys)
+
+    def attempt() -> dict[str, Lease]:
+        return acquire_many(wanted, holder=holder, ttl=ttl, lock_delay=lock_delay, using=using)
+
+    return await await_grant(attempt, functools.partial(_release_many_quietly, using=using), wait)
+
+
+async def await_grant(
+    attempt: Callable[[], _R], give_back: Callable[[_R], object], wait: float
+) -> _R:
+    """Run ``attempt`` (one grant, ``wait=0``) on the app's threads until it is not
+    refused with ``LockHeld`` or ``wait`` seconds pass (back-off with jitter, up
+    to the holder's remaining lease). A grant made for a coroutine cancelled
+    meanwhile is handed to ``give_back`` on the app's threads: never left held.
+    The async twins of the grants (:func:`aacquire_many`,
+    :func:`coordination.semaphores.aacquire_permit`) are written with it."""
+    wait = _validate_seconds(wait, "wait", upper=float(app_settings.MAX_WAIT))
+    deadline = time.monotonic() + wait
+    backoff = float(app_settings.POLL_INTERVAL)
+    ceiling = float(app_settings.MAX_POLL_INTERVAL)
+    while True:
+        running = aio.submit(attempt)
+        try:
+            return await asyncio.shield(asyncio.wrap_future(running))
+        except asyncio.CancelledError:
+            if not running.cancel():
+                running.add_done_callback(functools.partial(_give_back, give_back=give_back))
+            raise
+        except LockHeld as held:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise
+            pause = min(backoff * random.uniform(0.5, 1.0), held.retry_after + 0.002, remaining)
+            backoff = min(backoff * 2, ceiling)
+            await asyncio.sleep(max(pause, 0.001))
+
+
+def _give_back(attempt: Future[_R], *, give_back: Callable[[_R], object]) -> None:
+    if attempt.cancelled() or attempt.exception() is not None:
+        return
+    granted = attempt.result()
+    logger.info("a grant made for a cancelled coroutine is given back: %r", granted)
+    try:
+        aio.submit(give_back, granted)
+    except RuntimeError:  # the pool was closed meanwhile: the lease(s) expire on their own
+        logger.warning("could not give back %r, granted to a cancelled coroutine; it expires", granted)
+
+
+def _release_many_quietly(grants: Mapping[str, Lease], using: str | None = None) -> None:
+    for grant in grants.values():
+        _release_quietly(grant, using)
 
 
 async def arenew(grant: Lease, *, ttl: float | None = None, using: str | None = None) -> Lease:

@@ -11,7 +11,7 @@ while the other slots run on.
 
 The permit is a :class:`~coordination.leases.Lease` of its slot's key: renew,
 release, ``hold``-like use (``use_grant``), keep-alives and fences take it as
-they take any lease.
+they take any lease. :func:`aacquire_permit` is the async twin.
 
 Not built yet (docs/primitives.md): wake-ups and a fair queue for waiting
 permit holders (waiters poll), the Celery ``concurrency=N`` option, REST
@@ -20,6 +20,7 @@ endpoints and the admin's drawing of slots.
 
 from __future__ import annotations
 
+import functools
 import random
 import time
 
@@ -28,10 +29,19 @@ from django.db.models import Q
 from .conf import app_settings
 from .exceptions import InvalidInput, LockHeld
 from .leases import Lease
-from .locks import _validate_seconds, _validate_ttl, acquire, database_now
+from .locks import (
+    _release_quietly,
+    _validate_seconds,
+    _validate_ttl,
+    acquire,
+    await_grant,
+    database_now,
+)
 from .models import DatabaseNow, Lock, validate_holder, validate_key
 
-__all__ = ["MAX_PERMITS", "acquire_permit", "permit_keys", "permit_slot"]
+__all__ = [
+    "MAX_PERMITS", "aacquire_permit", "acquire_permit", "permit_keys", "permit_slot",
+]
 
 MAX_PERMITS = 1000
 """The largest ``limit`` of a semaphore."""
@@ -116,6 +126,31 @@ def acquire_permit(
         pause = min(backoff * random.uniform(0.5, 1.0), refusal.retry_after + 0.002, remaining)
         backoff = min(backoff * 2, ceiling)
         time.sleep(max(pause, 0.001))
+
+
+async def aacquire_permit(
+    name: str,
+    *,
+    limit: int,
+    holder: str,
+    ttl: float | None = None,
+    wait: float = 0.0,
+    lock_delay: float | None = None,
+    using: str | None = None,
+) -> Lease:
+    """``acquire_permit()`` for async code: the same permit, guarantees and errors.
+
+    Each attempt is one ``acquire_permit()`` call (``wait=0``) on the app's
+    thread pool; a permit granted to a coroutine cancelled meanwhile is
+    released at once (``locks.await_grant``).
+    """
+
+    def attempt() -> Lease:
+        return acquire_permit(
+            name, limit=limit, holder=holder, ttl=ttl, lock_delay=lock_delay, using=using
+        )
+
+    return await await_grant(attempt, functools.partial(_release_quietly, using=using), wait)
 
 
 def _candidates(keys: list[str], alias: str) -> list[str]:
