@@ -29,7 +29,7 @@ import copy
 import json
 import logging
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from functools import cache
 from typing import Any, ClassVar, NamedTuple, NoReturn, TypeVar, cast, overload
@@ -72,6 +72,7 @@ from .models import (
 __all__ = [
     "FencedModel",
     "FencedQuerySet",
+    "Grants",
     "WatermarkField",
     "WatermarkRaise",
     "afence",
@@ -419,16 +420,22 @@ def _template_pattern(template: str) -> re.Pattern[str]:
     return re.compile("".join(parts))
 
 
+Grants = Lease | Mapping[str, Lease] | Iterable[Lease]
+"""What ``fence()`` takes as its grant: one lease, or several (a list, or the
+``{key: lease}`` dict of :func:`coordination.locks.acquire_many`)."""
+
+
 @overload
 def fence(  # type: ignore[overload-overlap]  # a str is also a Sequence[str]
-    resource: str, grant: Lease | None = None, *, step: int | None = None, using: str | None = None
+    resource: str, grant: Grants | None = None, *, step: int | None = None,
+    using: str | None = None,
 ) -> AbstractContextManager[Fence]: ...
 
 
 @overload
 def fence(
     resource: Sequence[str],
-    grant: Lease | None = None,
+    grant: Grants | None = None,
     *,
     step: int | None = None,
     using: str | None = None,
@@ -437,7 +444,7 @@ def fence(
 
 def fence(
     resource: str | Sequence[str],
-    grant: Lease | None = None,
+    grant: Grants | None = None,
     *,
     step: int | None = None,
     using: str | None = None,
@@ -451,21 +458,35 @@ def fence(
     inside the same transaction: database writes in it commit together with the
     new watermark, or not at all. Yields the Fence (a list for several).
 
+    ``grant`` may be several leases of different keys (a list, or the dict
+    :func:`coordination.locks.acquire_many` returns), for resources guarded by
+    different keys: each Fence row is checked with the lease of the key that
+    guards it (rule 7 of docs/rules.md: tokens compare only within one key),
+    and a row none of them guards is refused (``WrongLock``). A Fence row
+    created on first use is guarded by the lease whose key is its name, or by
+    the only lease; with several leases and none named like it, ``InvalidInput``
+    (create the Fence row first, naming its ``lock_key``). Without ``step``,
+    each lease numbers its write with its own next step.
+
     Refusals raise ``StaleToken``, ``DuplicateWrite``, ``WrongLock`` (the fence is
-    guarded by another key) or ``LeaseLost``, before the block runs.
+    guarded by another key) or ``LeaseLost``, before the block runs; with several
+    leases, the first refused row (in resource-name order) is reported and
+    nothing is written.
     """
     names = [resource] if isinstance(resource, str) else sorted(set(resource))
     if not names:
         raise InvalidInput("fence() needs at least one resource name")
     for name in names:
         validate_key(name, what="resource")
-    return _fenced_block(names, grant, step, using or app_settings.DATABASE, isinstance(resource, str))
+    return _fenced_block(
+        names, grant, step, using or app_settings.DATABASE, isinstance(resource, str)
+    )
 
 
 async def afence(
     resource: str | Sequence[str],
     operation: Callable[[Any], T] | None = None,
-    grant: Lease | None = None,
+    grant: Grants | None = None,
     *,
     step: int | None = None,
     using: str | None = None,
@@ -485,69 +506,122 @@ async def afence(
     outside it; a transaction held open across the event loop's awaits would
     also hold the fence's row lock for as long as the slowest await.
     """
-    grant = _resolve_grant(grant)
-    write_step = _resolve_step(grant, step)
+    leases = _resolve_grants(grant)
+    steps = {id(lease): _resolve_step(lease, step) for lease in leases}
 
     def run() -> T | None:
-        with fence(resource, grant, step=write_step, using=using) as row:
+        with _fenced_block(
+            [resource] if isinstance(resource, str) else sorted(set(resource)),
+            leases, None, using or app_settings.DATABASE, isinstance(resource, str), steps,
+        ) as row:
             return None if operation is None else operation(row)
 
+    if not resource:
+        raise InvalidInput("fence() needs at least one resource name")
+    for name in [resource] if isinstance(resource, str) else resource:
+        validate_key(name, what="resource")
     return await aio.run_sync(run)
+
+
+def _resolve_grants(grant: Grants | None) -> list[Lease]:
+    """The leases of ``grant``: one, or several of distinct keys."""
+    if grant is None or isinstance(grant, Lease):
+        return [_resolve_grant(grant)]
+    leases = list(grant.values()) if isinstance(grant, Mapping) else list(grant)
+    if not leases:
+        raise InvalidInput("fence() needs at least one grant")
+    keys = [lease.key for lease in leases]
+    if len(set(keys)) != len(keys):
+        raise InvalidInput("fence() takes at most one grant per lock key")
+    return [_resolve_grant(lease) for lease in leases]
 
 
 @contextmanager
 def _fenced_block(
-    names: list[str], grant: Lease | None, step: int | None, alias: str, single: bool
+    names: list[str],
+    grant: Grants | list[Lease] | None,
+    step: int | None,
+    alias: str,
+    single: bool,
+    steps: dict[int, int] | None = None,
 ) -> Iterator[Any]:
-    grant = _resolve_grant(grant)
-    write_step = _resolve_step(grant, step)
-    if grant.lost:
-        _refuse(
-            LeaseLost(f"the lease of {grant.key!r} token {grant.token} was lost; not writing"),
-            resource=names[0], grant=grant, step=write_step, reason=RejectionReason.LEASE_LOST,
-            using=alias,
-        )
-    refused: tuple[Fence, RejectionReason, CoordinationError] | None = None
+    leases = _resolve_grants(grant)
+    by_key = {lease.key: lease for lease in leases}
+    if steps is None:
+        steps = {id(lease): _resolve_step(lease, step) for lease in leases}
+    for lease in leases:
+        if lease.lost:
+            _refuse(
+                LeaseLost(f"the lease of {lease.key!r} token {lease.token} was lost; not writing"),
+                resource=names[0], grant=lease, step=steps[id(lease)],
+                reason=RejectionReason.LEASE_LOST, using=alias,
+            )
+    refused: tuple[Fence, Lease, RejectionReason, CoordinationError] | None = None
     with transaction.atomic(using=alias):
-        rows = _locked_fences(names, grant.key, alias)
+        rows = _locked_fences(names, _new_fence_keys(names, by_key), alias)
         for row in rows:
-            if row.lock_key != grant.key:
+            guarding = by_key.get(row.lock_key)
+            if guarding is None:
                 error: CoordinationError = WrongLock(
                     f"fence {row.resource!r} is guarded by lock {row.lock_key!r}, "
-                    f"not {grant.key!r}"
+                    f"not {' or '.join(repr(key) for key in by_key)}"
                 )
-                refused = (row, RejectionReason.WRONG_LOCK, error)
+                refused = (row, leases[0], RejectionReason.WRONG_LOCK, error)
                 break
-            refusal = _refusal(row.resource, grant.token, write_step, row.token, row.step)
+            lease = guarding
+            refusal = _refusal(row.resource, lease.token, steps[id(lease)], row.token, row.step)
             if refusal is not None:
-                refused = (row, *refusal)
+                refused = (row, lease, *refusal)
                 break
         if refused is None:
-            Fence.objects.using(alias).filter(pk__in=[row.pk for row in rows]).update(
-                token=grant.token, step=write_step, updated_at=DatabaseNow()
-            )
-            for row in rows:
-                row.token, row.step = grant.token, write_step
-                signals.write_accepted.send(
-                    sender=Fence, resource=row.resource, grant=grant, step=write_step
+            for lease in leases:
+                guarded = [row for row in rows if row.lock_key == lease.key]
+                if not guarded:
+                    continue
+                write_step = steps[id(lease)]
+                Fence.objects.using(alias).filter(pk__in=[row.pk for row in guarded]).update(
+                    token=lease.token, step=write_step, updated_at=DatabaseNow()
                 )
+                for row in guarded:
+                    row.token, row.step = lease.token, write_step
+                    signals.write_accepted.send(
+                        sender=Fence, resource=row.resource, grant=lease, step=write_step
+                    )
             yield rows[0] if single else rows
             return
     # Refused: the transaction above changed nothing but new, empty fence rows.
-    row, reason, error = refused
+    row, lease, reason, error = refused
     _refuse(
-        error, resource=row.resource, grant=grant, step=write_step, reason=reason,
+        error, resource=row.resource, grant=lease, step=steps[id(lease)], reason=reason,
         watermark=(row.token, row.step), using=alias,
     )
 
 
-def _locked_fences(names: list[str], lock_key: str, alias: str) -> list[Fence]:
+def _new_fence_keys(names: list[str], by_key: Mapping[str, Lease]) -> Callable[[str], str]:
+    """Which lock key guards a Fence row ``fence()`` creates: the only lease's, or
+    the key named like the resource."""
+    only = next(iter(by_key)) if len(by_key) == 1 else None
+
+    def key_of(name: str) -> str:
+        if only is not None:
+            return only
+        if name in by_key:
+            return name
+        raise InvalidInput(
+            f"fence {name!r} does not exist yet and none of the grants' keys "
+            f"({', '.join(sorted(by_key))}) is its name: create it first with its lock_key"
+        )
+
+    return key_of
+
+
+def _locked_fences(names: list[str], key_of: Callable[[str], str], alias: str) -> list[Fence]:
     rows = Fence.objects.using(alias).select_for_update().filter(resource__in=names)
     found = list(rows.order_by("resource"))
     if len(found) < len(names):
         existing = {row.resource for row in found}
         Fence.objects.using(alias).bulk_create(
-            [Fence(resource=name, lock_key=lock_key) for name in names if name not in existing],
+            [Fence(resource=name, lock_key=key_of(name)) for name in names if name not in existing],
             ignore_conflicts=True,
         )
         found = list(rows.order_by("resource"))

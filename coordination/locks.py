@@ -39,8 +39,9 @@ import functools
 import logging
 import math
 import random
+import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future
 from contextlib import asynccontextmanager, contextmanager, suppress
 from typing import Any, ParamSpec, TypeVar
@@ -53,27 +54,36 @@ from .exceptions import InvalidInput, LeaseLost, LockHeld
 from .leases import Lease
 from .logfields import LogFields
 from .models import (
+    DatabaseNow,
     Grant,
     GrantEnd,
+    Lock,
     Ticket,
+    hash_lease_id,
     lease_matches,
     validate_holder,
     validate_key,
 )
 
 __all__ = [
+    "MAX_KEYS_AT_ONCE",
     "AsyncKeepAlive",
     "Lease",
     "aacquire",
+    "aacquire_many",
     "acquire",
+    "acquire_many",
     "ahold",
     "arelease",
     "arenew",
+    "await_grant",
     "current_grant",
     "database_now",
     "grant_from_proof",
     "hold",
+    "reentrant_count",
     "release",
+    "release_many",
     "renew",
     "revoke",
     "use_grant",
@@ -117,6 +127,7 @@ def acquire(
     wait: float = 0.0,
     fair: bool = False,
     lock_delay: float | None = None,
+    reentrant: bool = False,
     using: str | None = None,
 ) -> Lease:
     """Grant the lock ``key`` to ``holder`` for ``ttl`` seconds of database time.
@@ -134,6 +145,18 @@ def acquire(
     ``lock_delay`` (default ``COORDINATION["LOCK_DELAY"]``) keeps the lock
     ungrantable for that many seconds if this lease expires or is revoked.
 
+    With ``reentrant=True``, an execution (this thread, or this asyncio task)
+    that already holds ``key`` through a reentrant acquire of the same holder
+    gets the same lease back (same token), counted, without a database call;
+    the lease ends with the release that matches the outermost acquire
+    (:func:`reentrant_count`). Any other execution is refused as before: the
+    lock stays exclusive. Reentry reads the lock's row once, to check that the
+    lease is still the live one by the database clock; it does not extend it
+    (renew it as usual). A lease released, expired, taken over or marked lost
+    is never reentered: it is marked lost and the call asks the grant point for
+    a new grant. Without ``reentrant`` (the default) a second acquire of a held
+    key is refused, even by its holder.
+
     Raises ``LockHeld`` (who holds it, until when, ``retry_after`` seconds) if still
     busy, ``InvalidInput`` for a bad key, holder, ttl, wait or lock_delay,
     ``TokenExhausted`` after token 2**63 - 1, and ``InTransaction`` inside
@@ -141,6 +164,10 @@ def acquire(
     """
     key = validate_key(key)
     holder = validate_holder(holder)
+    if reentrant:
+        entered = _reenter(key, holder, using)
+        if entered is not None:
+            return entered
     lease_seconds = _validate_ttl(app_settings.DEFAULT_TTL if ttl is None else ttl)
     wait = _validate_seconds(wait, "wait", upper=float(app_settings.MAX_WAIT))
     delay = _validate_seconds(
@@ -162,6 +189,8 @@ def acquire(
     if taken_over is not None:
         signals.lock_expired.send(sender=Grant, key=key, **taken_over._asdict())
     signals.lock_acquired.send(sender=Grant, grant=lease, waited=time.monotonic() - started)
+    if reentrant:
+        _held_here()[(_alias(using), key)] = _Reentry(lease, _execution())
     return lease
 
 
@@ -231,7 +260,13 @@ def release(grant: Lease, *, using: str | None = None) -> Lease:
     nobody took the lock since, the lock is freed and the grant recorded as
     expired (``end_reason`` ``"expired"``, and the lease marked lost) before
     ``LeaseLost`` is raised, so the caller learns that its work ran past its lease.
+
+    A lease this execution acquired with ``reentrant=True`` more than once is
+    only counted down (no database call) until the release that matches the
+    outermost acquire, which ends it.
     """
+    if _leave(grant, using):
+        return grant
     ended = get_backend(using).release(grant)
     grant.ended_at, grant.end_reason = ended.ended_at, ended.reason
     if ended.expired_at is not None:
@@ -275,15 +310,18 @@ def hold(
     holder: str,
     ttl: float | None = None,
     wait: float = 0.0,
+    reentrant: bool = False,
     using: str | None = None,
 ) -> Iterator[Lease]:
     """Acquire ``key``, make the lease current for fenced writes, release on exit.
 
     If the block succeeded but the lease was lost meanwhile, release raises
     ``LeaseLost`` so the caller learns its work ran unprotected by the lease (the
-    fenced writes inside it were still checked).
+    fenced writes inside it were still checked). With ``reentrant=True`` a
+    nested ``hold`` of the same key and holder in the same execution yields the
+    outer lease, and only the outermost block's exit releases it.
     """
-    grant = acquire(key, holder=holder, ttl=ttl, wait=wait, using=using)
+    grant = acquire(key, holder=holder, ttl=ttl, wait=wait, reentrant=reentrant, using=using)
     try:
         with use_grant(grant):
             yield grant
@@ -292,6 +330,212 @@ def hold(
             release(grant, using=using)
         raise
     release(grant, using=using)
+
+
+# --- reentrancy within one execution ----------------------------------------------
+#
+# One execution is one thread, or one asyncio task on it: a task that a holder
+# starts is another execution (it could run while the holder waits), and so is
+# a thread of a pool. The registry lives in a context variable (a new thread
+# starts with an empty one; a task starts with its creator's, which is why
+# every entry also names the execution that made it), so reentry never needs
+# the database and never crosses executions.
+
+
+class _Reentry:
+    __slots__ = ("count", "execution", "lease")
+
+    def __init__(self, lease: Lease, execution: tuple[int, int]) -> None:
+        self.lease, self.execution, self.count = lease, execution, 1
+
+
+_reentries: contextvars.ContextVar[dict[tuple[str, str], _Reentry] | None] = (
+    contextvars.ContextVar("coordination_reentries", default=None)
+)
+
+
+def _execution() -> tuple[int, int]:
+    """This thread, and the asyncio task running on it (0: none)."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no event loop in this thread
+        task = None
+    return threading.get_ident(), 0 if task is None else id(task)
+
+
+def _held_here() -> dict[tuple[str, str], _Reentry]:
+    held = _reentries.get()
+    if held is None:
+        held = {}
+        _reentries.set(held)
+    return held
+
+
+def _alias(using: str | None) -> str:
+    return using or app_settings.DATABASE
+
+
+def _reenter(key: str, holder: str, using: str | None) -> Lease | None:
+    held = _reentries.get()
+    entry = None if held is None else held.get((_alias(using), key))
+    if entry is None or entry.execution != _execution():
+        return None
+    lease = entry.lease
+    if lease.holder != holder:
+        return None  # another holder is another party: the grant point refuses it
+    if lease.ended_at is not None or lease.lost or not _still_live(lease, using):
+        # Released without the count, lost, expired or taken over: never reentered.
+        # The entry goes; the caller asks the grant point for a new grant.
+        if lease.ended_at is None:
+            lease.mark_lost()
+        assert held is not None
+        del held[(_alias(using), key)]
+        return None
+    entry.count += 1
+    return lease
+
+
+def _still_live(lease: Lease, using: str | None) -> bool:
+    """Whether ``lease`` is its lock's live lease by the database clock (rule 11 of
+    docs/rules.md): one read, so that a lease left behind by a caller that never
+    released it (a thread of a pool runs many jobs) is not handed out again."""
+    return (
+        Lock.objects.using(_alias(using))
+        .filter(
+            key=lease.key, token=lease.token, holder=lease.holder,
+            lease_hash=hash_lease_id(lease.lease_id), expires_at__gt=DatabaseNow(),
+        )
+        .exists()
+    )
+
+
+def _leave(grant: Lease, using: str | None) -> bool:
+    """Count down a reentered lease; True if it stays held (no release due)."""
+    held = _reentries.get()
+    slot = (_alias(using), grant.key)
+    entry = None if held is None else held.get(slot)
+    if entry is None or entry.lease is not grant or entry.execution != _execution():
+        return False
+    assert held is not None
+    entry.count -= 1
+    if entry.count > 0:
+        return True
+    del held[slot]
+    return False
+
+
+def reentrant_count(grant: Lease, *, using: str | None = None) -> int:
+    """How many reentrant acquires of ``grant`` this execution has not released yet
+    (0 if it holds ``grant`` through none)."""
+    held = _reentries.get()
+    entry = None if held is None else held.get((_alias(using), grant.key))
+    if entry is None or entry.lease is not grant or entry.execution != _execution():
+        return 0
+    return entry.count
+
+
+# --- several keys at once ---------------------------------------------------------
+
+MAX_KEYS_AT_ONCE = 100
+"""The most keys one ``acquire_many`` grants (one transaction holds their row locks)."""
+
+
+def acquire_many(
+    keys: Iterable[str],
+    *,
+    holder: str,
+    ttl: float | None = None,
+    wait: float = 0.0,
+    lock_delay: float | None = None,
+    using: str | None = None,
+) -> dict[str, Lease]:
+    """Grant every key of ``keys`` to ``holder``, all or none, in one transaction.
+
+    Returns ``{key: lease}`` in sorted key order; each lease is an ordinary
+    lease of its key (its own token, strictly greater than every earlier token
+    of that key, rule 3 of docs/rules.md), renewed and released on its own or
+    with :func:`release_many`, and the dict is accepted as it is by
+    :func:`coordination.fencing.fence` for resources guarded by those keys.
+
+    The grant point grants the keys in sorted order inside one transaction of
+    its own, each with the grant rule of a single acquire; if one key is
+    refused, none is granted (the transaction rolls back). Because every set is
+    taken in the same order and nothing waits for a lease inside the
+    transaction, overlapping sets never deadlock. With ``wait`` > 0 the whole
+    set is tried again (back-off with jitter, up to the refusing lease's end)
+    until it is granted or ``wait`` seconds pass; waiters poll (no wake-ups,
+    no fair queue), and a set is never held in part while waiting.
+
+    Raises ``LockHeld`` for the first refused key (in sorted order),
+    ``InvalidInput`` for no key, more than :data:`MAX_KEYS_AT_ONCE` keys, a bad
+    key or any of the errors of :func:`acquire`, ``TokenExhausted`` and
+    ``InTransaction`` as :func:`acquire` does.
+    """
+    if isinstance(keys, str):
+        raise InvalidInput("acquire_many takes a collection of keys, not one key")
+    ordered = sorted({validate_key(key) for key in keys})
+    if not ordered:
+        raise InvalidInput("acquire_many needs at least one key")
+    if len(ordered) > MAX_KEYS_AT_ONCE:
+        raise InvalidInput(f"acquire_many takes at most {MAX_KEYS_AT_ONCE} keys, not {len(ordered)}")
+    holder = validate_holder(holder)
+    lease_seconds = _validate_ttl(app_settings.DEFAULT_TTL if ttl is None else ttl)
+    wait = _validate_seconds(wait, "wait", upper=float(app_settings.MAX_WAIT))
+    delay = _validate_seconds(
+        app_settings.LOCK_DELAY if lock_delay is None else lock_delay,
+        "lock_delay", upper=float(app_settings.MAX_TTL),
+    )
+    backend = get_backend(using)
+    started = time.monotonic()
+    deadline = started + wait
+    backoff = float(app_settings.POLL_INTERVAL)
+    ceiling = float(app_settings.MAX_POLL_INTERVAL)
+    while True:
+        try:
+            granted = backend.acquire_many(ordered, holder, lease_seconds, delay)
+            break
+        except LockHeld as held:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise
+            pause = min(backoff * random.uniform(0.5, 1.0), held.retry_after + 0.002, remaining)
+            backoff = min(backoff * 2, ceiling)
+            time.sleep(max(pause, 0.001))
+    waited = time.monotonic() - started
+    for lease, taken_over in granted:
+        logger.info(
+            "lock acquired %s",
+            LogFields(
+                key=lease.key, token=lease.token, holder=holder,
+                expires_at=lease.expires_at.isoformat(),
+            ),
+        )
+        if taken_over is not None:
+            signals.lock_expired.send(sender=Grant, key=lease.key, **taken_over._asdict())
+        signals.lock_acquired.send(sender=Grant, grant=lease, waited=waited)
+    return {lease.key: lease for lease, _ in granted}
+
+
+def release_many(
+    grants: Iterable[Lease] | Mapping[str, Lease], *, using: str | None = None
+) -> list[Lease]:
+    """Release every lease of ``grants`` (a list, or the dict of :func:`acquire_many`).
+
+    Each is released on its own (:func:`release`), in key order, all of them
+    even if one fails; then the first ``LeaseLost`` is raised, if any, so the
+    caller learns that part of its work ran past a lease. Returns the leases.
+    """
+    leases = list(grants.values()) if isinstance(grants, Mapping) else list(grants)
+    leases.sort(key=lambda lease: lease.key)
+    lost: list[LeaseLost] = []
+    for lease in leases:
+        try:
+            release(lease, using=using)
+        except LeaseLost as error:
+            lost.append(error)
+    if lost:
+        raise lost[0]
+    return leases
 
 
 def grant_from_proof(
@@ -402,6 +646,78 @@ def _release_quietly(grant: Lease, using: str | None = None) -> None:
             "could not release key=%s token=%d; the lease will expire at %s",
             grant.key, grant.token, grant.expires_at.isoformat(),
         )
+
+
+async def aacquire_many(
+    keys: Iterable[str],
+    *,
+    holder: str,
+    ttl: float | None = None,
+    wait: float = 0.0,
+    lock_delay: float | None = None,
+    using: str | None = None,
+) -> dict[str, Lease]:
+    """``acquire_many()`` for async code: the same all-or-none grant, guarantees and errors.
+
+    Each attempt is one ``acquire_many()`` call (``wait=0``) on the app's thread
+    pool; between attempts the coroutine sleeps holding no thread. Cancelled
+    while an attempt runs, the attempt completes on its thread and a set it
+    granted is released there at once, as with :func:`aacquire`.
+    """
+    if isinstance(keys, str):
+        raise InvalidInput("aacquire_many takes a collection of keys, not one key")
+    wanted = list(keys)
+
+    def attempt() -> dict[str, Lease]:
+        return acquire_many(wanted, holder=holder, ttl=ttl, lock_delay=lock_delay, using=using)
+
+    return await await_grant(attempt, functools.partial(_release_many_quietly, using=using), wait)
+
+
+async def await_grant(
+    attempt: Callable[[], _R], give_back: Callable[[_R], object], wait: float
+) -> _R:
+    """Run ``attempt`` (one grant, ``wait=0``) on the app's threads until it is not
+    refused with ``LockHeld`` or ``wait`` seconds pass (back-off with jitter, up
+    to the holder's remaining lease). A grant made for a coroutine cancelled
+    meanwhile is handed to ``give_back`` on the app's threads: never left held.
+    The async twins of the grants (:func:`aacquire_many`,
+    :func:`coordination.semaphores.aacquire_permit`) are written with it."""
+    wait = _validate_seconds(wait, "wait", upper=float(app_settings.MAX_WAIT))
+    deadline = time.monotonic() + wait
+    backoff = float(app_settings.POLL_INTERVAL)
+    ceiling = float(app_settings.MAX_POLL_INTERVAL)
+    while True:
+        running = aio.submit(attempt)
+        try:
+            return await asyncio.shield(asyncio.wrap_future(running))
+        except asyncio.CancelledError:
+            if not running.cancel():
+                running.add_done_callback(functools.partial(_give_back, give_back=give_back))
+            raise
+        except LockHeld as held:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise
+            pause = min(backoff * random.uniform(0.5, 1.0), held.retry_after + 0.002, remaining)
+            backoff = min(backoff * 2, ceiling)
+            await asyncio.sleep(max(pause, 0.001))
+
+
+def _give_back(attempt: Future[_R], *, give_back: Callable[[_R], object]) -> None:
+    if attempt.cancelled() or attempt.exception() is not None:
+        return
+    granted = attempt.result()
+    logger.info("a grant made for a cancelled coroutine is given back: %r", granted)
+    try:
+        aio.submit(give_back, granted)
+    except RuntimeError:  # the pool was closed meanwhile: the lease(s) expire on their own
+        logger.warning("could not give back %r, granted to a cancelled coroutine; it expires", granted)
+
+
+def _release_many_quietly(grants: Mapping[str, Lease], using: str | None = None) -> None:
+    for grant in grants.values():
+        _release_quietly(grant, using)
 
 
 async def arenew(grant: Lease, *, ttl: float | None = None, using: str | None = None) -> Lease:

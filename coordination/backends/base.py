@@ -20,7 +20,7 @@ from __future__ import annotations
 import abc
 import datetime as dt
 import secrets
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, ClassVar, NamedTuple, Protocol
 
@@ -334,6 +334,40 @@ class GrantPoint(abc.ABC):
         lease it takes over, records the new grant and consumes the ticket.
         Raises the :func:`grant_refusal` of the lock when it is not grantable.
         """
+
+    @abc.abstractmethod
+    def grant_in_transaction(
+        self, key: str, holder: str, ttl: float, lock_delay: float, ticket: int | None
+    ) -> Acquired:
+        """:meth:`acquire` without its transaction: the same grant, made in the
+        transaction the grant point opened around it (:meth:`acquire_many`).
+
+        Never call it in a transaction of the caller's: a rollback there would
+        un-issue a token the caller may have used (rule 3 of docs/rules.md).
+        """
+
+    def acquire_many(
+        self, keys: Sequence[str], holder: str, ttl: float, lock_delay: float
+    ) -> list[Acquired]:
+        """Grant every key of ``keys`` to ``holder``, or none: one transaction.
+
+        The keys are granted one by one with the grant rule of each
+        (:meth:`grant_in_transaction`, the code path of a single acquire), in
+        sorted order, inside one transaction of the grant point's own: the first
+        refusal rolls back the grants made before it (their tokens were never
+        seen outside the transaction, so no token is issued twice) and is raised.
+        Row locks are taken in the one order every caller uses, so two
+        overlapping sets never wait for each other in a cycle; a refusal is
+        decided at once (a held lease is not waited for inside the transaction),
+        so the row locks are held only for the few statements of the grants.
+        No fair-queue ticket: every live ticket of a key is ahead of this call.
+        """
+        ordered = sorted(set(keys))
+        with self.transaction():
+            return [
+                self.grant_in_transaction(key, holder, ttl, lock_delay, None)
+                for key in ordered
+            ]
 
     @abc.abstractmethod
     def renew(self, lease: Lease, ttl: float) -> dt.datetime:

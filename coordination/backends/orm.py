@@ -47,38 +47,43 @@ class OrmGrantPoint(GrantPoint):
     def acquire(
         self, key: str, holder: str, ttl: float, lock_delay: float, ticket: int | None
     ) -> Acquired:
-        alias = self.alias
         with self.transaction():
-            lock = self._locked_row(key, create=True)
-            assert lock is not None
-            now = self.now()
-            # Read after the row lock (on SQLite: the write lock), in the grant's
-            # own transaction: a floor raised before this acquire began is seen.
-            floor = TokenFloor.objects.using(alias).value()
-            snapshot = LockSnapshot.of(lock)
-            refusal = grant_refusal(snapshot, now, self._tickets_ahead(key, ticket, now), floor)
-            if refusal is not None:
-                raise refusal
-            taken_over = None
-            if lock.holder:
-                # The previous lease ran out without a release: close it as expired.
-                assert lock.expires_at is not None
-                taken_over = TakenOver(lock.token, lock.holder, lock.acquired_at, lock.expires_at)
-                self._end_current(lock, GrantEnd.EXPIRED, lock.expires_at)
-            lease_id = new_lease_id()
-            lease_hash = hash_lease_id(lease_id)
-            token = next_token(snapshot, floor)
-            expires_at = now + dt.timedelta(seconds=ttl)
-            Lock.objects.using(alias).filter(pk=lock.pk).update(
-                token=token, holder=holder, lease_hash=lease_hash,
-                acquired_at=now, expires_at=expires_at, lock_delay=lock_delay, delay_until=None,
-            )
-            Grant.objects.using(alias).create(
-                lock_id=lock.pk, token=token, holder=holder, lease_hash=lease_hash,
-                acquired_at=now, expires_at=expires_at,
-            )
-            if ticket is not None:
-                Ticket.objects.using(alias).filter(pk=ticket).delete()
+            return self.grant_in_transaction(key, holder, ttl, lock_delay, ticket)
+
+    def grant_in_transaction(
+        self, key: str, holder: str, ttl: float, lock_delay: float, ticket: int | None
+    ) -> Acquired:
+        alias = self.alias
+        lock = self._locked_row(key, create=True)
+        assert lock is not None
+        now = self.now()
+        # Read after the row lock (on SQLite: the write lock), in the grant's
+        # own transaction: a floor raised before this acquire began is seen.
+        floor = TokenFloor.objects.using(alias).value()
+        snapshot = LockSnapshot.of(lock)
+        refusal = grant_refusal(snapshot, now, self._tickets_ahead(key, ticket, now), floor)
+        if refusal is not None:
+            raise refusal
+        taken_over = None
+        if lock.holder:
+            # The previous lease ran out without a release: close it as expired.
+            assert lock.expires_at is not None
+            taken_over = TakenOver(lock.token, lock.holder, lock.acquired_at, lock.expires_at)
+            self._end_current(lock, GrantEnd.EXPIRED, lock.expires_at)
+        lease_id = new_lease_id()
+        lease_hash = hash_lease_id(lease_id)
+        token = next_token(snapshot, floor)
+        expires_at = now + dt.timedelta(seconds=ttl)
+        Lock.objects.using(alias).filter(pk=lock.pk).update(
+            token=token, holder=holder, lease_hash=lease_hash,
+            acquired_at=now, expires_at=expires_at, lock_delay=lock_delay, delay_until=None,
+        )
+        Grant.objects.using(alias).create(
+            lock_id=lock.pk, token=token, holder=holder, lease_hash=lease_hash,
+            acquired_at=now, expires_at=expires_at,
+        )
+        if ticket is not None:
+            Ticket.objects.using(alias).filter(pk=ticket).delete()
         lease = Lease(
             key=key, token=token, lease_id=lease_id, holder=holder,
             acquired_at=now, expires_at=expires_at,

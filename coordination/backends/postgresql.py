@@ -480,7 +480,13 @@ class PostgreSQLGrantPoint(PostgreSQLOrmGrantPoint):
     def acquire(
         self, key: str, holder: str, ttl: float, lock_delay: float, ticket: int | None
     ) -> Acquired:
+        # One autocommit call: the function's statement is the grant's own transaction.
         refuse_in_caller_transaction(self.connection)
+        return self.grant_in_transaction(key, holder, ttl, lock_delay, ticket)
+
+    def grant_in_transaction(
+        self, key: str, holder: str, ttl: float, lock_delay: float, ticket: int | None
+    ) -> Acquired:
         lease_id = new_lease_id()
         lease_hash = hash_lease_id(lease_id)
         # Without a ticket every live ticket of the key is ahead: no barging past

@@ -1,0 +1,89 @@
+"""Real processes: a holder of a pair of keys (``acquire_many``) or of a
+semaphore permit is stopped (SIGSTOP) past its lease, another holder takes the
+same grant and writes, and the stopped holder's late write, once resumed, is
+refused (rules 1 and 2 of docs/rules.md; docs/primitives.md)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import signal
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from coordination import locks
+from coordination.fencing import fence
+from coordination.leases import Lease
+from coordination.semaphores import acquire_permit
+from tests.support.celery_workers import REPO, worker_environment
+from tests.support.waiting import wait_until_database_time_passes
+
+pytestmark = [
+    pytest.mark.postgres,
+    pytest.mark.legs("pg", reason="a child process per test; the LTS leg runs the same code"),
+    pytest.mark.django_db(transaction=True),
+]
+
+
+def start_holder(kind: str, name: str, ttl: float) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.primitive_holder", kind, name, str(ttl)],
+        cwd=REPO, env=worker_environment(None), text=True,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    )
+    assert child.stdout is not None
+    line = child.stdout.readline()
+    assert line, f"the holder process ended early (exit {child.wait(30)})"
+    return child, json.loads(line)
+
+
+def resume_and_read_outcome(child: subprocess.Popen[str]) -> str:
+    assert child.stdin is not None and child.stdout is not None
+    child.send_signal(signal.SIGCONT)
+    child.stdin.write("go\n")
+    child.stdin.flush()
+    line = child.stdout.readline()
+    assert child.wait(30) == 0
+    return str(json.loads(line)["outcome"])
+
+
+def stop_past_its_lease(child: subprocess.Popen[str], report: dict[str, Any]) -> None:
+    child.send_signal(signal.SIGSTOP)
+    ends = [dt.datetime.fromisoformat(end) for _, end in report["grants"].values()]
+    wait_until_database_time_passes(max(ends))
+
+
+@pytest.mark.parametrize("kind", ["pair", "permit"])
+def test_a_stopped_holder_is_refused_after_the_next_holder_wrote(kind: str) -> None:
+    child, report = start_holder(kind, f"{kind}-race", ttl=1.0)
+    try:
+        # The semaphore's other slot is held throughout: it runs on untouched.
+        other = None if kind == "pair" else acquire_permit(
+            f"{kind}-race", limit=2, holder="other", ttl=30
+        )
+        stop_past_its_lease(child, report)
+        grants: dict[str, Lease]
+        if other is None:
+            grants = locks.acquire_many(sorted(report["grants"]), holder="next", ttl=30)
+        else:
+            assert other.key not in report["grants"]
+            # The only grantable slot is the stopped holder's: taken over.
+            successor = acquire_permit(f"{kind}-race", limit=2, holder="next", ttl=30)
+            grants = {successor.key: successor}
+        assert sorted(grants) == sorted(report["grants"])
+        for key, lease in grants.items():
+            assert lease.token == report["grants"][key][0] + 1
+        with fence(sorted(grants), grants):
+            pass
+        assert resume_and_read_outcome(child) == "stale_token"
+        if other is not None:
+            with fence(other.key, other):  # the other slot's holder writes on
+                pass
+    finally:
+        if child.poll() is None:
+            child.send_signal(signal.SIGCONT)
+            child.kill()
+            child.wait(30)
