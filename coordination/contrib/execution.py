@@ -35,7 +35,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, suppress
-from typing import Any, Literal, TypeVar, cast, get_args
+from typing import Any, Literal, Required, TypedDict, TypeVar, Unpack, cast, get_args
 
 from django.db import connections
 
@@ -299,23 +299,19 @@ class KeepAlive:
         signals.lock_lost.send(sender=Grant, grant=self.grant, error=error)
 
 
-class FencedExecution:
-    """One execution of a task body under a new grant of ``key``: the one path the
-    Celery decorator and its ``django.tasks`` twin both run their bodies through.
+class _ExecutionOptions(TypedDict, total=False):
+    holder: Required[str]
+    ttl: float | None
+    wait: float
+    keepalive: bool
+    using: str | None
+    task: Any
+    label: str | None
 
-    :meth:`run` does it all (supersede check, acquire, ``on_busy``, keep-alive,
-    ``use_grant``, release on every exit path). The parts, for callers that need
-    them: ``acquire()`` (may raise ``LockHeld``), then ``with execution:``
-    (keep-alive and ``use_grant`` on entry, :meth:`end` on exit)::
 
-        execution = FencedExecution(key, holder=..., ttl=30)
-        grant = execution.acquire()          # may raise LockHeld
-        with execution:                      # keep-alive + use_grant, release on exit
-            ...
-
-    ``task`` is what runs under it (the Celery task, the function); while the
-    body runs, :func:`current_execution` returns this execution.
-    """
+class _Execution:
+    """What both kinds of execution are given: the key, who holds it, for how long,
+    how long to wait for it, and the grant once there is one."""
 
     def __init__(
         self,
@@ -338,6 +334,28 @@ class FencedExecution:
         self.task = task
         self.label = label or holder
         self.grant: Lease | None = None
+
+
+class FencedExecution(_Execution):
+    """One execution of a task body under a new grant of ``key``: the one path the
+    Celery decorator and its ``django.tasks`` twin both run their bodies through.
+
+    :meth:`run` does it all (supersede check, acquire, ``on_busy``, keep-alive,
+    ``use_grant``, release on every exit path). The parts, for callers that need
+    them: ``acquire()`` (may raise ``LockHeld``), then ``with execution:``
+    (keep-alive and ``use_grant`` on entry, :meth:`end` on exit)::
+
+        execution = FencedExecution(key, holder=..., ttl=30)
+        grant = execution.acquire()          # may raise LockHeld
+        with execution:                      # keep-alive + use_grant, release on exit
+            ...
+
+    ``task`` is what runs under it (the Celery task, the function); while the
+    body runs, :func:`current_execution` returns this execution.
+    """
+
+    def __init__(self, key: str, **options: Unpack[_ExecutionOptions]) -> None:
+        super().__init__(key, **options)
         self._keeper: KeepAlive | None = None
         self._contexts: list[AbstractContextManager[Any]] = []
         self._running: contextvars.Token[FencedExecution | None] | None = None
@@ -437,7 +455,7 @@ class FencedExecution:
         raise held
 
 
-class AsyncFencedExecution:
+class AsyncFencedExecution(_Execution):
     """:class:`FencedExecution` for an ``async def`` task body: the same rules,
     on the event loop.
 
@@ -449,28 +467,6 @@ class AsyncFencedExecution:
     coroutine is cancelled again meanwhile). A release that fails is logged,
     never raised: the outcome is the body's.
     """
-
-    def __init__(
-        self,
-        key: str,
-        *,
-        holder: str,
-        ttl: float | None = None,
-        wait: float = 0.0,
-        keepalive: bool = True,
-        using: str | None = None,
-        task: Any = None,
-        label: str | None = None,
-    ) -> None:
-        self.key = key
-        self.holder = holder
-        self.ttl = float(app_settings.DEFAULT_TTL if ttl is None else ttl)
-        self.wait = wait
-        self.keepalive = keepalive
-        self.using = using
-        self.task = task
-        self.label = label or holder
-        self.grant: Lease | None = None
 
     async def run(
         self,
