@@ -194,12 +194,38 @@ def acquire(
     return lease
 
 
+class _Pace:
+    """When a caller that waits for a grant tries again: back-off with jitter from
+    POLL_INTERVAL up to MAX_POLL_INTERVAL, never past the holder's remaining lease
+    (``retry_after``) nor past the caller's ``wait``. Written once for every
+    waiting grant, sync and async."""
+
+    def __init__(self, wait: float) -> None:
+        self.deadline = time.monotonic() + wait
+        self.backoff = float(app_settings.POLL_INTERVAL)
+        self.ceiling = float(app_settings.MAX_POLL_INTERVAL)
+
+    def pause(self, refusal: LockHeld, *, woken: bool = False) -> float:
+        """Seconds to sleep before the next attempt; raises ``refusal`` once the
+        wait is over. ``woken``: a release or revoke notified the waiter, so it
+        sleeps to the lease's end (the ceiling a safety net for a lost
+        notification) instead of backing off."""
+        remaining = self.deadline - time.monotonic()
+        if remaining <= 0:
+            raise refusal
+        if woken:
+            return max(min(refusal.retry_after + 0.002, remaining, self.ceiling), 0.001)
+        # Until the lease ends or the back-off step, whichever is first; jitter
+        # spreads contending waiters.
+        pause = min(self.backoff * random.uniform(0.5, 1.0), refusal.retry_after + 0.002, remaining)
+        self.backoff = min(self.backoff * 2, self.ceiling)
+        return max(pause, 0.001)
+
+
 def _wait_for_grant(
     backend: GrantPoint, key: str, holder: str, ttl: float, delay: float, wait: float, fair: bool
 ) -> Acquired:
-    deadline = time.monotonic() + wait
-    backoff = float(app_settings.POLL_INTERVAL)
-    ceiling = float(app_settings.MAX_POLL_INTERVAL)
+    pace = _Pace(wait)
     # Free at once is the common case: no wake-up connection, no ticket.
     with suppress(LockHeld):
         return backend.acquire(key, holder, ttl, delay, None)
@@ -208,21 +234,7 @@ def _wait_for_grant(
             try:
                 acquired = backend.acquire(key, holder, ttl, delay, waiter.ticket)
             except LockHeld as held:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise
-                if waiter.woken_by_notify:
-                    # Woken by release or revoke: sleep to the lease's end, the
-                    # ceiling as a safety net for a lost notification.
-                    pause = min(held.retry_after + 0.002, remaining, ceiling)
-                else:
-                    # Polling: until the lease ends or the back-off step, whichever
-                    # is first; jitter spreads contending waiters.
-                    pause = min(
-                        backoff * random.uniform(0.5, 1.0), held.retry_after + 0.002, remaining
-                    )
-                    backoff = min(backoff * 2, ceiling)
-                waiter.sleep(max(pause, 0.001))
+                waiter.sleep(pace.pause(held, woken=waiter.woken_by_notify))
                 continue
             waiter.ticket = None  # consumed by the grant
             return acquired
@@ -487,20 +499,13 @@ def acquire_many(
     )
     backend = get_backend(using)
     started = time.monotonic()
-    deadline = started + wait
-    backoff = float(app_settings.POLL_INTERVAL)
-    ceiling = float(app_settings.MAX_POLL_INTERVAL)
+    pace = _Pace(wait)
     while True:
         try:
             granted = backend.acquire_many(ordered, holder, lease_seconds, delay)
             break
         except LockHeld as held:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise
-            pause = min(backoff * random.uniform(0.5, 1.0), held.retry_after + 0.002, remaining)
-            backoff = min(backoff * 2, ceiling)
-            time.sleep(max(pause, 0.001))
+            time.sleep(pace.pause(held))
     waited = time.monotonic() - started
     for lease, taken_over in granted:
         logger.info(
@@ -587,21 +592,14 @@ async def aacquire(
     lock held. Cancelled before a thread took the attempt, nothing runs.
     """
     wait = _validate_seconds(wait, "wait", upper=float(app_settings.MAX_WAIT))
-    deadline = time.monotonic() + wait
-    backoff = float(app_settings.POLL_INTERVAL)
-    ceiling = float(app_settings.MAX_POLL_INTERVAL)
+    pace = _Pace(wait)
     while True:
         try:
             return await _acquire_once(
                 key, holder=holder, ttl=ttl, lock_delay=lock_delay, using=using
             )
         except LockHeld as held:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise
-            pause = min(backoff * random.uniform(0.5, 1.0), held.retry_after + 0.002, remaining)
-            backoff = min(backoff * 2, ceiling)
-            await asyncio.sleep(max(pause, 0.001))
+            await asyncio.sleep(pace.pause(held))
 
 
 async def _acquire_once(
@@ -684,9 +682,7 @@ async def await_grant(
     The async twins of the grants (:func:`aacquire_many`,
     :func:`coordination.semaphores.aacquire_permit`) are written with it."""
     wait = _validate_seconds(wait, "wait", upper=float(app_settings.MAX_WAIT))
-    deadline = time.monotonic() + wait
-    backoff = float(app_settings.POLL_INTERVAL)
-    ceiling = float(app_settings.MAX_POLL_INTERVAL)
+    pace = _Pace(wait)
     while True:
         running = aio.submit(attempt)
         try:
@@ -696,12 +692,7 @@ async def await_grant(
                 running.add_done_callback(functools.partial(_give_back, give_back=give_back))
             raise
         except LockHeld as held:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise
-            pause = min(backoff * random.uniform(0.5, 1.0), held.retry_after + 0.002, remaining)
-            backoff = min(backoff * 2, ceiling)
-            await asyncio.sleep(max(pause, 0.001))
+            await asyncio.sleep(pace.pause(held))
 
 
 def _give_back(attempt: Future[_R], *, give_back: Callable[[_R], object]) -> None:

@@ -30,6 +30,7 @@ from .conf import app_settings
 from .exceptions import InvalidInput, LockHeld
 from .leases import Lease
 from .locks import (
+    _Pace,
     _release_quietly,
     _validate_seconds,
     _validate_ttl,
@@ -105,10 +106,7 @@ def acquire_permit(
         "lock_delay", upper=float(app_settings.MAX_TTL),
     )
     alias = using or app_settings.DATABASE
-    started = time.monotonic()
-    deadline = started + wait
-    backoff = float(app_settings.POLL_INTERVAL)
-    ceiling = float(app_settings.MAX_POLL_INTERVAL)
+    pace = _Pace(wait)
     while True:
         refusal = None
         for key in _candidates(keys, alias):
@@ -120,12 +118,7 @@ def acquire_permit(
                     refusal = held
         if refusal is None:
             refusal = _all_held(name, limit, keys, alias)
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise refusal
-        pause = min(backoff * random.uniform(0.5, 1.0), refusal.retry_after + 0.002, remaining)
-        backoff = min(backoff * 2, ceiling)
-        time.sleep(max(pause, 0.001))
+        time.sleep(pace.pause(refusal))
 
 
 async def aacquire_permit(
