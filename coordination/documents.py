@@ -19,6 +19,7 @@ from . import fencing
 from .conf import app_settings
 from .exceptions import InvalidInput
 from .leases import Lease
+from .logfields import LogFields
 from .models import KEY_MAX_LENGTH, DatabaseNow, Document, Fence, Lock, validate_key
 
 __all__ = [
@@ -145,7 +146,10 @@ def rebind_document(name: str, lock_key: str, *, using: str | None = None) -> Re
         fences.filter(pk=fence.pk).update(lock_key=lock_key)
     result = Rebind(name, fence.lock_key, lock_key, (fence.token, fence.step), counter, raised)
     logger.warning(
-        "document re-bound name=%s from=%s to=%s watermark_token=%d counter=%d->%d",
-        name, result.before, result.after, fence.token, counter, raised,
+        "document re-bound %s",
+        LogFields(
+            name=name, before=result.before, after=result.after, watermark_token=fence.token,
+            counter=counter, raised_to=raised,
+        ),
     )
     return result

@@ -623,14 +623,15 @@ def _release_abandoned(attempt: Future[Lease], *, using: str | None) -> None:
         return
     grant = attempt.result()
     logger.info(
-        "lock granted to a cancelled aacquire, released key=%s token=%d", grant.key, grant.token
+        "lock granted to a cancelled aacquire, released %s",
+        LogFields(key=grant.key, token=grant.token),
     )
     try:
         aio.submit(_release_quietly, grant, using)
     except RuntimeError:  # the pool was closed meanwhile: the lease expires on its own
         logger.warning(
-            "could not release key=%s token=%d granted to a cancelled aacquire; it expires at %s",
-            grant.key, grant.token, grant.expires_at.isoformat(),
+            "could not release a lease granted to a cancelled aacquire; it expires %s",
+            LogFields(key=grant.key, token=grant.token, expires_at=grant.expires_at.isoformat()),
         )
 
 
@@ -641,8 +642,8 @@ def _release_quietly(grant: Lease, using: str | None = None) -> None:
         pass
     except Exception:
         logger.exception(
-            "could not release key=%s token=%d; the lease will expire at %s",
-            grant.key, grant.token, grant.expires_at.isoformat(),
+            "could not release; the lease will expire %s",
+            LogFields(key=grant.key, token=grant.token, expires_at=grant.expires_at.isoformat()),
         )
 
 
@@ -832,8 +833,8 @@ class AsyncKeepAlive:
             now = await self._call(database_now, self.using)
         except Exception as error:
             logger.warning(
-                "keep-alive key=%s token=%d could not read the database clock: %s",
-                self.grant.key, self.grant.token, error,
+                "keep-alive could not read the database clock %s",
+                LogFields(key=self.grant.key, token=self.grant.token, error=error),
             )
         else:
             left = (self.grant.expires_at - now).total_seconds()
@@ -858,8 +859,11 @@ class AsyncKeepAlive:
                     return
                 self.retries += 1
                 logger.warning(
-                    "lease renewal failed key=%s token=%d: %s; retrying, %.2f s of the lease left",
-                    self.grant.key, self.grant.token, error, left,
+                    "lease renewal failed, retrying %s",
+                    LogFields(
+                        key=self.grant.key, token=self.grant.token, error=error,
+                        lease_left=f"{left:.2f}s",
+                    ),
                 )
                 next_due = time.monotonic() + min(self.interval / 4, max(left / 3, 0.01))
                 continue
@@ -870,8 +874,8 @@ class AsyncKeepAlive:
     def _lose(self, error: BaseException) -> None:
         self.grant.mark_lost()
         logger.warning(
-            "lease renewal failed key=%s token=%d: %s; the grant is marked lost",
-            self.grant.key, self.grant.token, error,
+            "lease renewal failed, the grant is marked lost %s",
+            LogFields(key=self.grant.key, token=self.grant.token, error=error),
         )
         signals.lock_lost.send(sender=Grant, grant=self.grant, error=error)
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+from pathlib import Path
 
 import pytest
 
@@ -46,3 +48,17 @@ def test_log_fields_render_only_when_emitted() -> None:
 
     logging.getLogger("coordination.tests.silent").debug("event %s", LogFields(value=Loud()))
     assert str(LogFields(a="b c")) == 'a="b c"'
+
+
+def test_no_log_line_of_the_app_interpolates_a_field_unquoted() -> None:
+    # A "name=%s" in a format string puts a value into a key=value line without
+    # quote(): a holder or an error text could then forge fields.
+    app = Path(__file__).resolve().parents[2] / "coordination"
+    raw = re.compile(r"\w=%[-+ #0-9.]*[sdrif]")
+    offenders = [
+        f"{path.relative_to(app.parent)}:{number}: {line.strip()}"
+        for path in sorted(app.rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if raw.search(line)
+    ]
+    assert offenders == []
