@@ -240,6 +240,18 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
                 id="coordination.E003",
             )
         ]
+    idle = values["FENCE_IDLE_TIMEOUT"]
+    if idle is not None and (
+        isinstance(idle, bool) or not isinstance(idle, int | float) or not 0 < idle < 10**6
+    ):
+        return [
+            Error(
+                f"COORDINATION['FENCE_IDLE_TIMEOUT'] is {idle!r}.",
+                hint="Seconds a fence() transaction may sit idle before PostgreSQL ends it "
+                "(a number > 0), or None for the server's own idle_in_transaction_session_timeout.",
+                id="coordination.E003",
+            )
+        ]
     return _beat_settings(values)
 
 

@@ -52,6 +52,10 @@ Defaults (override any key in your settings)::
         "ASYNC_THREADS": 8,         # threads (and database connections, at most) that
                                     # run aacquire, arenew, arelease, afenced_update and
                                     # afence for async callers (docs/async.md)
+        "FENCE_IDLE_TIMEOUT": None, # PostgreSQL: seconds a fence() transaction may sit idle
+                                    # (no statement from its holder) before the server ends
+                                    # it, so a paused or hung holder cannot keep the fence's
+                                    # row locked; None: the server's own setting
     }
 """
 
@@ -90,6 +94,7 @@ DEFAULTS: dict[str, Any] = {
     "BEAT_LEASE": 15.0,
     "BEAT_LOCK_DELAY": None,
     "ASYNC_THREADS": 8,
+    "FENCE_IDLE_TIMEOUT": None,
 }
 
 

@@ -200,8 +200,17 @@ class Leadership:
         ``LeaseLost`` once this leadership is known lost, before the block
         runs. Each call is a new step of the term (or ``step``), so one leader
         may write many times.
+
+        On PostgreSQL the transaction may sit idle (between its statements) for
+        at most the lease's ``ttl``: a leader paused inside the block would
+        otherwise keep the role's Fence row locked, and every newer leader's
+        fenced writes waiting, until it woke up. The server ends the paused
+        leader's transaction instead (nothing in it is written) and its next
+        statement raises ``LeaseLost``.
         """
-        return fencing.fence(resource or self.key, self.lease, step=step, using=self.using)
+        return fencing.fence(
+            resource or self.key, self.lease, step=step, using=self.using, idle_timeout=self.ttl
+        )
 
     def resign(self) -> None:
         """Stop leading: stop the keep-alive and release the lease, so a standby wins

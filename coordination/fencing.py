@@ -36,7 +36,7 @@ from typing import Any, ClassVar, NamedTuple, NoReturn, TypeVar, cast, overload
 
 from django.core.exceptions import FieldDoesNotExist, FieldError, ValidationError
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import DatabaseError, IntegrityError, models, router, transaction
+from django.db import DatabaseError, IntegrityError, connections, models, router, transaction
 from django.db.models import F, Q, Value
 from django.db.models.expressions import Expression
 from django.db.models.sql.where import AND
@@ -428,7 +428,7 @@ Grants = Lease | Mapping[str, Lease] | Iterable[Lease]
 @overload
 def fence(  # type: ignore[overload-overlap]  # a str is also a Sequence[str]
     resource: str, grant: Grants | None = None, *, step: int | None = None,
-    using: str | None = None,
+    using: str | None = None, idle_timeout: float | None = None,
 ) -> AbstractContextManager[Fence]: ...
 
 
@@ -439,6 +439,7 @@ def fence(
     *,
     step: int | None = None,
     using: str | None = None,
+    idle_timeout: float | None = None,
 ) -> AbstractContextManager[list[Fence]]: ...
 
 
@@ -448,6 +449,7 @@ def fence(
     *,
     step: int | None = None,
     using: str | None = None,
+    idle_timeout: float | None = None,
 ) -> AbstractContextManager[Any]:
     """Guard a side effect with the named Fence row(s), inside one transaction.
 
@@ -472,6 +474,20 @@ def fence(
     guarded by another key) or ``LeaseLost``, before the block runs; with several
     leases, the first refused row (in resource-name order) is reported and
     nothing is written.
+
+    The Fence rows stay locked until the transaction ends, so a holder that
+    pauses inside the block (GC, SIGSTOP, a VM pause) or hangs there blocks
+    every newer holder of the resource, however long ago its lease ended.
+    ``idle_timeout`` (default ``COORDINATION["FENCE_IDLE_TIMEOUT"]``; None
+    leaves the server's own setting) bounds that on PostgreSQL: once the
+    transaction has waited that many seconds for its holder's next statement,
+    the server ends the holder's session, which rolls the whole block back and
+    frees the rows. The holder then gets ``LeaseLost`` (its write did not
+    happen) from its next statement or from the commit. Statements that run
+    for long are not idle: the bound is on the pauses between them. Keep it
+    above the longest pause a live holder makes inside the block (a call to
+    another service, say). SQLite has no such bound: a paused writer there
+    holds the database's write lock.
     """
     names = [resource] if isinstance(resource, str) else sorted(set(resource))
     if not names:
@@ -479,7 +495,8 @@ def fence(
     for name in names:
         validate_key(name, what="resource")
     return _fenced_block(
-        names, grant, step, using or app_settings.DATABASE, isinstance(resource, str)
+        names, grant, step, using or app_settings.DATABASE, isinstance(resource, str),
+        idle_timeout=_idle_bound(idle_timeout),
     )
 
 
@@ -490,6 +507,7 @@ async def afence(
     *,
     step: int | None = None,
     using: str | None = None,
+    idle_timeout: float | None = None,
 ) -> T | None:
     """``fence()`` for async code: ``operation(fence)`` runs inside the fence's transaction.
 
@@ -508,11 +526,13 @@ async def afence(
     """
     leases = _resolve_grants(grant)
     steps = {id(lease): _resolve_step(lease, step) for lease in leases}
+    bound = _idle_bound(idle_timeout)
 
     def run() -> T | None:
         with _fenced_block(
             [resource] if isinstance(resource, str) else sorted(set(resource)),
             leases, None, using or app_settings.DATABASE, isinstance(resource, str), steps,
+            idle_timeout=bound,
         ) as row:
             return None if operation is None else operation(row)
 
@@ -544,6 +564,8 @@ def _fenced_block(
     alias: str,
     single: bool,
     steps: dict[int, int] | None = None,
+    *,
+    idle_timeout: float | None = None,
 ) -> Iterator[Any]:
     leases = _resolve_grants(grant)
     by_key = {lease.key: lease for lease in leases}
@@ -557,7 +579,9 @@ def _fenced_block(
                 reason=RejectionReason.LEASE_LOST, using=alias,
             )
     refused: tuple[Fence, Lease, RejectionReason, CoordinationError] | None = None
-    with transaction.atomic(using=alias):
+    with _idle_bounded(alias, idle_timeout), transaction.atomic(using=alias):
+        if idle_timeout is not None:
+            _set_idle_timeout(alias, idle_timeout)
         rows = _locked_fences(names, _new_fence_keys(names, by_key), alias)
         for row in rows:
             guarding = by_key.get(row.lock_key)
@@ -595,6 +619,57 @@ def _fenced_block(
         error, resource=row.resource, grant=lease, step=steps[id(lease)], reason=reason,
         watermark=(row.token, row.step), using=alias,
     )
+
+
+def _idle_bound(seconds: float | None) -> float | None:
+    """The idle bound of a fence() transaction: ``seconds``, else the setting."""
+    value = app_settings.FENCE_IDLE_TIMEOUT if seconds is None else seconds
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 10**6:
+        raise InvalidInput(f"idle_timeout must be a number of seconds > 0, not {value!r}")
+    return float(value)
+
+
+def _set_idle_timeout(alias: str, seconds: float) -> None:
+    """PostgreSQL: end this transaction's session once it idles ``seconds`` between
+    statements (``SET LOCAL``: the transaction's alone, reset by its end)."""
+    connection = connections[alias]
+    if connection.vendor != "postgresql":
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT set_config('idle_in_transaction_session_timeout', %s, true)",
+            [f"{max(1, round(seconds * 1000))}ms"],
+        )
+
+
+@contextmanager
+def _idle_bounded(alias: str, seconds: float | None) -> Iterator[None]:
+    """Turn the server ending an idle fence transaction into ``LeaseLost``."""
+    try:
+        yield
+    except DatabaseError as error:
+        if seconds is None or not _ended_for_idling(error):
+            raise
+        connections[alias].close()  # the server closed it; Django's handle is unusable
+        raise LeaseLost(
+            f"the fence's transaction sat idle for more than {seconds:g} s (a paused or hung "
+            "holder), so the database ended it: nothing in it was written"
+        ) from error
+
+
+def _ended_for_idling(error: BaseException) -> bool:
+    """Whether ``error`` (or its cause) says the server ended an idle transaction's session.
+
+    The server sends SQLSTATE 25P03 before it closes the connection; a client
+    that wakes up later may instead only see the connection gone."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if getattr(seen, "sqlstate", None) == "25P03" or "idle-in-transaction" in str(seen):
+            return True
+        seen = seen.__cause__
+    return False
 
 
 def _new_fence_keys(names: list[str], by_key: Mapping[str, Lease]) -> Callable[[str], str]:

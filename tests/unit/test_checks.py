@@ -235,6 +235,15 @@ def test_prune_locks_after_takes_seconds_or_none(value: object) -> None:
         assert checks.check_settings() == []
 
 
+@pytest.mark.parametrize("value", [0, -1, "5", True, 10**7])
+def test_a_bad_fence_idle_timeout_is_e003(value: object) -> None:
+    with override_settings(COORDINATION={"FENCE_IDLE_TIMEOUT": value}):
+        assert ids(checks.check_settings()) == ["coordination.E003"]
+    for good in (None, 0.5, 30):
+        with override_settings(COORDINATION={"FENCE_IDLE_TIMEOUT": good}):
+            assert checks.check_settings() == []
+
+
 @pytest.mark.parametrize(
     "beat",
     [
