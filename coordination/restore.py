@@ -41,8 +41,9 @@ from typing import Any
 
 from django.apps import apps
 from django.core.exceptions import FieldDoesNotExist
-from django.db import models, router, transaction
+from django.db import connections, models, router, transaction
 from django.db.models import F, Q
+from django.db.models.functions import Collate
 
 from . import locks
 from .conf import app_settings
@@ -239,13 +240,25 @@ def _bump_counters(
 def _bump_free_locks(pks: list[int], by: int, alias: str) -> list[str]:
     """Bump the locks of ``pks`` that are free; return the keys of those with a lease."""
     with transaction.atomic(using=alias):
-        rows = Lock.objects.using(alias).select_for_update().filter(pk__in=pks).order_by("pk")
+        # In the order acquire_many locks keys (codepoint order, as Python sorts
+        # them), else the two can deadlock on a pair of rows.
+        rows = Lock.objects.using(alias).select_for_update().filter(pk__in=pks).order_by(
+            _codepoint_order("key", alias)
+        )
         found = list(rows.values_list("pk", "key", "holder"))
         free = [pk for pk, _key, holder in found if not holder]
         Lock.objects.using(alias).filter(pk__in=free, token__lte=MAX_TOKEN - by).update(
             token=F("token") + by
         )
     return [key for _pk, key, holder in found if holder]
+
+
+def _codepoint_order(field: str, alias: str) -> Any:
+    """``field`` ordered by codepoint: PostgreSQL's "C" collation (its default may
+    sort case and punctuation otherwise); SQLite's default already is."""
+    if connections[alias].vendor == "postgresql":
+        return Collate(F(field), "C")
+    return F(field)
 
 
 def _revoke_then_bump(key: str, by: int, alias: str, say: Say, attempts: int = 5) -> None:

@@ -1,0 +1,63 @@
+"""The restore guard's bump and ``acquire_many`` lock the same rows in the same order.
+
+``acquire_many`` locks its keys in sorted order (codepoint order, as Python
+sorts them). The bump locks a batch of lock rows at once; in any other order
+(the rows' insertion order, or the database collation's order) a bump and an
+``acquire_many`` of two of its keys can each hold the row the other waits for,
+and PostgreSQL ends one of them with a deadlock error. The keys here are made
+in reverse order and differ in case, so insertion order, collation order and
+codepoint order all disagree.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import threading
+import time
+
+import pytest
+
+from coordination import locks, restore
+from coordination.exceptions import LeaseLost, LockHeld
+from tests.support.waiting import run_in_threads
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
+
+KEYS = [f"bump-{name}" for name in ("e", "D", "c", "B", "a", "Z", "y", "X")]
+
+
+@pytest.mark.usefixtures("grant_point")
+def test_a_bump_beside_acquire_many_on_the_same_keys_never_deadlocks() -> None:
+    for key in KEYS:  # rows in reverse order of their keys
+        locks.release(locks.acquire(key, holder="seed", ttl=30))
+    stop = threading.Event()
+    granted = [0]
+
+    def transfers(index: int) -> int:
+        rng = random.Random(index)
+        while not stop.is_set():
+            keys = rng.sample(KEYS, 3)
+            try:
+                grants = locks.acquire_many(keys, holder=f"t{index}", ttl=30, wait=5)
+            except LockHeld:
+                continue
+            granted[0] += 1
+            with contextlib.suppress(LeaseLost):  # the bump revoked it: expected
+                locks.release_many(grants)
+        return 0
+
+    def bumps(_: int) -> int:
+        try:
+            deadline = time.monotonic() + 4
+            runs = 0
+            while time.monotonic() < deadline or runs < 3:
+                restore.bump_tokens(1000, apply=True, batch_size=len(KEYS))
+                runs += 1
+            return runs
+        finally:
+            stop.set()
+
+    results = run_in_threads(5, lambda i: bumps(i) if i == 0 else transfers(i), timeout=120)
+    assert results[0] >= 3
+    assert granted[0] > 0
