@@ -60,11 +60,11 @@ class LagMonitor:
             self.task = asyncio.get_running_loop().create_task(self._run())
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
+        # perf_counter, not loop.time(): uvloop's clock ticks in whole milliseconds.
         while True:
-            started = loop.time()
+            started = time.perf_counter()
             await asyncio.sleep(MONITOR_INTERVAL)
-            self.samples.append(max(0.0, loop.time() - started - MONITOR_INTERVAL))
+            self.samples.append(max(0.0, time.perf_counter() - started - MONITOR_INTERVAL))
 
     def take(self) -> list[float]:
         samples, self.samples = self.samples, []
@@ -150,15 +150,29 @@ async def _get(port: int, target: str, timeout: float) -> tuple[int, bytes, floa
     reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), timeout)
     try:
         writer.write(
-            f"GET {target} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n".encode()
+            f"GET {target} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode()
         )
         await writer.drain()
         answer = await asyncio.wait_for(reader.read(), timeout)
     finally:
         writer.close()
     status = int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/") else 0
-    body = answer.split(b"\r\n\r\n", 1)[-1]
+    head, _, body = answer.partition(b"\r\n\r\n")
+    if b"transfer-encoding: chunked" in head.lower():
+        body = _unchunk(body)
     return status, body, time.perf_counter() - started
+
+
+def _unchunk(body: bytes) -> bytes:
+    """The payload of a chunked HTTP/1.1 body (uvicorn's httptools side chunks)."""
+    payload, rest = b"", body
+    while rest:
+        size_line, _, rest = rest.partition(b"\r\n")
+        size = int(size_line.split(b";")[0] or b"0", 16)
+        if size == 0:
+            break
+        payload, rest = payload + rest[:size], rest[size + 2:]
+    return payload
 
 
 async def _burst(
@@ -217,12 +231,20 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def start_server(port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
+SERVERS = {
+    # uvicorn's pure-Python stack: the asyncio loop and h11 parsing the requests.
+    "asyncio-h11": ["--loop", "asyncio", "--http", "h11"],
+    # What `pip install uvicorn[standard]` serves with: uvloop and httptools (C).
+    "uvloop-httptools": ["--loop", "uvloop", "--http", "httptools"],
+}
+
+
+def start_server(port: int, env: dict[str, str], server: str = "uvloop-httptools") -> subprocess.Popen[bytes]:
     root = Path(__file__).resolve().parents[2]
     return subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "project.asgi:application", "--host", "127.0.0.1",
          "--port", str(port), "--no-access-log", "--log-level", "warning",
-         "--backlog", "4096", "--timeout-keep-alive", "1"],
+         "--backlog", "4096", "--timeout-keep-alive", "1", *SERVERS[server]],
         cwd=root, env={**env, "DJANGO_SETTINGS_MODULE": "project.lab.asgi_settings"},
     )
 
@@ -283,11 +305,13 @@ async def _measure(
 def run(
     *, requests: int = 500, rounds: int = 3, ramp: float = 1.0, hold: float = 1.0,
     modes: list[str] | None = None, env: dict[str, str] | None = None,
+    server_kind: str = "uvloop-httptools",
 ) -> dict[str, Any]:
-    """Start uvicorn, measure each mode, stop it. Keys are new per run and per request."""
+    """Start uvicorn (``server_kind``: a key of ``SERVERS``), measure each mode, stop
+    it. Keys are new per run and per request."""
     modes = modes or ["baseline", "ahold", "sync_to_async"]
     port = _free_port()
-    server = start_server(port, dict(env or os.environ))
+    server = start_server(port, dict(env or os.environ), server_kind)
     try:
         async def main() -> dict[str, Any]:
             await _wait_ready(port, server)
@@ -303,7 +327,7 @@ def run(
             server.wait()
     return {
         "requests": requests, "rounds": rounds, "ramp_s": ramp, "hold_s": hold,
-        "server": "uvicorn, one worker", **results,
+        "server": f"uvicorn, one worker, {server_kind}", **results,
     }
 
 
@@ -348,6 +372,10 @@ def in_process(*, requests: int = 500, ramp: float = 1.0, hold: float = 1.0) -> 
         aio.close_threads()
 
 
+def _cell(value: float | None) -> str:
+    return f"{'-' if value is None else f'{value:.1f}':>9}"
+
+
 def table(results: dict[str, Any]) -> str:
     lines = [
         f"{results['requests']} requests arriving over {results['ramp_s']} s, each holding "
@@ -361,15 +389,16 @@ def table(results: dict[str, Any]) -> str:
             continue
         lines.append(
             f"{mode:<15}{row['ok']:>6}{row['errors']:>7}{row['peak_in_flight']:>6}"
-            f"{row['latency_p50_ms']!s:>9}{row['latency_p99_ms']!s:>9}"
-            f"{row['lag_p50_ms']!s:>9}{row['lag_p99_ms']!s:>9}{row['lag_max_ms']!s:>9}"
+            + "".join(_cell(row[name]) for name in (
+                "latency_p50_ms", "latency_p99_ms", "lag_p50_ms", "lag_p99_ms", "lag_max_ms"))
         )
     alone = results.get("in_process")
     if alone is not None:
         lines.append(
             f"{'in_process':<15}{alone['requests']:>6}{0:>7}{alone['peak_in_flight']:>6}"
-            f"{alone['acquire_release_p50_ms']!s:>9}{alone['acquire_release_p99_ms']!s:>9}"
-            f"{alone['lag_p50_ms']!s:>9}{alone['lag_p99_ms']!s:>9}{alone['lag_max_ms']!s:>9}"
-            "   (no HTTP; p50/p99: acquire + release)"
+            + "".join(_cell(alone[name]) for name in (
+                "acquire_release_p50_ms", "acquire_release_p99_ms", "lag_p50_ms", "lag_p99_ms",
+                "lag_max_ms"))
+            + "   (no HTTP; p50/p99: acquire + release)"
         )
     return "\n".join(lines) + "\n"

@@ -33,12 +33,17 @@ class Command(BaseCommand):
             "--mode", choices=["baseline", "ahold", "sync_to_async"], action="append",
             help="measure only this way of calling the grant point (repeatable)",
         )
+        parser.add_argument(
+            "--server", choices=sorted(asgi_bench.SERVERS), default="uvloop-httptools",
+            help="uvicorn's event loop and HTTP parser: uvloop-httptools (uvicorn[standard]'s, "
+            "the default) or asyncio-h11 (pure Python)",
+        )
         parser.add_argument("--json", dest="json_path", help="write the results as JSON here")
 
     def handle(self, *args: Any, **options: Any) -> None:
         results = asgi_bench.run(
             requests=options["requests"], rounds=options["rounds"], ramp=options["ramp"],
-            hold=options["hold"], modes=options["mode"],
+            hold=options["hold"], modes=options["mode"], server_kind=options["server"],
         )
         # The async API's threads keep their connections, as the server's do.
         for alias in connections:
