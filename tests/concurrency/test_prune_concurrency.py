@@ -131,29 +131,40 @@ def test_tokens_of_each_key_rise_across_prunes_of_its_row(
     in_threads: Callable[..., list[Any]], settings: Any
 ) -> None:
     """Threads take and release a few keys while a pruner deletes every free row as
-    fast as it can: each key's tokens, in grant order, never repeat or go back."""
+    fast as it can: each key's tokens, in grant order, never repeat or go back.
+
+    The workers go on until the pruner has deleted a row and each has taken two
+    keys since: a loaded machine (SQLite's writers take turns) may otherwise let
+    the workers finish before the pruner ever wins a turn."""
     settings.COORDINATION = {**settings.COORDINATION, "PRUNE_LOCKS_AFTER": 0}
     keys = ["pruned:a", "pruned:b"]
     workers, rounds = 3, 20
     issued: dict[str, list[int]] = {key: [] for key in keys}
     done = threading.Event()
     finished = [0]
+    pruned = [0]
     guard = threading.Lock()
 
     def work(index: int) -> int:
+        deadline = time.monotonic() + 120
         if index == workers:  # the pruner
-            pruned = 0
-            deadline = time.monotonic() + 120
             while not done.is_set():
                 assert time.monotonic() < deadline, "the workers never finished"
-                pruned += pruning.prune_locks(locks.database_now(), batch_size=1)
-            return pruned
+                pruned[0] += pruning.prune_locks(locks.database_now(), batch_size=1)
+            return pruned[0]
         try:
-            for number in range(rounds):
+            number = after_a_prune = 0
+            while number < rounds or after_a_prune < 2:
+                assert time.monotonic() < deadline, "the pruner never deleted a row"
                 key = keys[(index + number) % len(keys)]
                 with locks.hold(key, holder=f"w{index}", ttl=30, wait=60) as lease:
                     # Leases of a key never overlap: the list is in grant order.
                     issued[key].append(lease.token)
+                number += 1
+                if pruned[0]:
+                    after_a_prune += 1
+                elif number >= rounds:
+                    time.sleep(0.05)  # leave the pruner a turn
         finally:
             with guard:
                 finished[0] += 1
