@@ -155,7 +155,7 @@ def test_renewals_failing_until_the_lease_may_have_expired_mark_the_grant_lost_t
     # Not at the first failed renewal: only once no renewal could have kept the
     # lease (its deadline is at most one ttl after the last renewal started).
     assert keeper.retries >= 2
-    assert TTL / 2 < lost_after <= TTL + 1.0, lost_after
+    assert TTL / 2 < lost_after <= TTL + 2.0, lost_after  # + scheduling on a loaded machine
     # Rightly so: by the database's clock the lease did run out.
     wait_until_database_time_passes(grant.expires_at)
     with pytest.raises(LeaseLost, match="expired"):
