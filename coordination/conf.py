@@ -99,7 +99,12 @@ DEFAULTS: dict[str, Any] = {
 
 
 class CoordinationSettings:
-    """Attribute access to ``settings.COORDINATION`` with defaults, cached until changed."""
+    """Attribute access to ``settings.COORDINATION`` with defaults, cached until changed.
+
+    The first read of any setting reads them all and keeps each as an instance
+    attribute, so later reads are plain attribute lookups (the grant point reads
+    several per call); :meth:`reload` drops them.
+    """
 
     def __init__(self) -> None:
         self._cache: dict[str, Any] | None = None
@@ -116,6 +121,9 @@ class CoordinationSettings:
                     f"Known: {', '.join(sorted(DEFAULTS))}."
                 )
             self._cache = {**DEFAULTS, **user}
+            # Found by normal attribute lookup from now on: __getattr__ only runs
+            # for names not set here (before the first read, and unknown names).
+            self.__dict__.update(self._cache)
         return self._cache
 
     def __getattr__(self, name: str) -> Any:
@@ -127,6 +135,9 @@ class CoordinationSettings:
             raise AttributeError(f"no COORDINATION setting {name!r}") from None
 
     def reload(self) -> None:
+        if self._cache is not None:
+            for name in self._cache:
+                self.__dict__.pop(name, None)
         self._cache = None
 
 

@@ -170,10 +170,11 @@ class FencedQuerySet(models.QuerySet[_Model]):
         for _attempt in range(3):
             written = admitted.update(fence=token, fence_step=write_step, **values)
             if written:
-                if signals.write_accepted.has_listeners(Fence):
-                    signals.write_accepted.send(
-                        sender=Fence, resource=label, grant=grant, step=write_step
-                    )
+                # send() returns at once when nobody listens; has_listeners() first
+                # would resolve the receivers twice (the app's own always listen).
+                signals.write_accepted.send(
+                    sender=Fence, resource=label, grant=grant, step=write_step
+                )
                 return written
             # Only a refusal needs the guarded rows on their own, to explain it.
             guarded = self.none() if admitted.query.is_empty() else self.filter(**binding)

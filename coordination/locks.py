@@ -291,7 +291,8 @@ def release(grant: Lease, *, using: str | None = None) -> Lease:
             f"lease of {grant.key!r} token {grant.token} expired at "
             f"{ended.expired_at.isoformat()} before release; the lock is now free"
         )
-    logger.info("lock released %s", LogFields(key=grant.key, token=grant.token))
+    if logger.isEnabledFor(logging.INFO):
+        logger.info("lock released %s", LogFields(key=grant.key, token=grant.token))
     signals.lock_released.send(sender=Grant, grant=grant, reason=ended.reason)
     return grant
 

@@ -158,10 +158,12 @@ class KeepAlive:
     a renewal whose call started at local time ``t`` moves the expiry to the
     database's ``now + ttl``, read after ``t``, so the lease lasts at least
     until ``t + ttl``. The first deadline comes from a read of the database
-    clock as soon as the thread starts, which also opens the thread's
-    connection long before the first renewal is due. Each renewal is due a
-    third of ``ttl`` after the previous one *started*, so a slow or late
-    renewal moves the next one earlier instead of letting the delays add up.
+    clock half way to the first renewal (a sixth of ``ttl`` after the start),
+    which also opens the thread's connection well before that renewal is due;
+    a body that ends sooner (most task bodies) costs no connection at all.
+    Each renewal is due a third of ``ttl`` after the previous one *started*,
+    so a slow or late renewal moves the next one earlier instead of letting
+    the delays add up.
 
     Failures. ``LeaseLost`` from ``renew()`` (the lease expired by the
     database's clock, was revoked or taken over) is final: ``renew()`` has
@@ -220,6 +222,10 @@ class KeepAlive:
 
     def _run(self) -> None:
         try:
+            # Opening a connection costs a new server process, several times a
+            # grant: only a body still running half way to the first renewal pays it.
+            if self._stopping.wait(self.interval / 2):
+                return
             self._learn_deadline()
             next_due = self._deadline - self.ttl + self.interval
             while True:
@@ -271,8 +277,9 @@ class KeepAlive:
 
     def _learn_deadline(self) -> None:
         """Read the database clock once: it opens this thread's connection now,
-        not when the first renewal is due, and bounds the lease by the clock
-        that decides it. A failure keeps the estimate made at construction."""
+        half way to the first renewal, not when that renewal is due, and bounds
+        the lease by the clock that decides it. A failure keeps the estimate
+        made at construction."""
         started = time.monotonic()
         try:
             now = locks.database_now(self.using)

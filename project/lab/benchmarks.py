@@ -68,6 +68,9 @@ class BenchConfig:
     fair_threads: int = 8
     celery_rounds: int = 400
     celery: bool = True
+    # The cycle systems to run (None: all); the floors always run, as every
+    # ratio is taken against them.
+    systems: list[str] | None = None
 
 
 # --- the bench schema ----------------------------------------------------------
@@ -141,6 +144,17 @@ def bench_database(database: str | None = None, *, keep: bool = False) -> Iterat
                     " holder text NOT NULL DEFAULT '', lease text NOT NULL DEFAULT '',"
                     " expires_at timestamptz)"
                 )
+                # The floor with history: a grant row per grant, with what the
+                # grant history's table has (a unique (lock, token) index, an
+                # index on acquired_at, a foreign key checked at commit).
+                cursor.execute(
+                    "CREATE TABLE floor_grant (id bigserial PRIMARY KEY,"
+                    " lock_key text NOT NULL REFERENCES floor_lock (key) DEFERRABLE INITIALLY DEFERRED,"
+                    " token bigint NOT NULL, holder text NOT NULL, lease text NOT NULL,"
+                    " acquired_at timestamptz NOT NULL, expires_at timestamptz NOT NULL,"
+                    " ended_at timestamptz, UNIQUE (lock_key, token))"
+                )
+                cursor.execute("CREATE INDEX floor_grant_acquired ON floor_grant (acquired_at)")
         connections[BENCH_ALIAS].close()
         yield BENCH_ALIAS
     finally:
@@ -309,8 +323,29 @@ WHERE key = %(key)s AND token = %(token)s AND lease = %(lease)s
 """
 
 
-def floor_client(hot: bool) -> ClientFactory:
-    """The raw SQL floor: one upsert returning the token, one update to release."""
+# The floor with history: the same two statements, each also writing what the
+# grant history writes (a grant row inserted with the grant, closed with the
+# release), one statement each.
+_FLOOR_HISTORY_ACQUIRE = f"""
+WITH l AS ({_FLOOR_ACQUIRE.strip()}, key, expires_at)
+INSERT INTO floor_grant (lock_key, token, holder, lease, acquired_at, expires_at)
+SELECT l.key, l.token, %(holder)s, %(lease)s, clock_timestamp(), l.expires_at FROM l
+RETURNING token
+"""
+_FLOOR_HISTORY_RELEASE = f"""
+WITH l AS ({_FLOOR_RELEASE.strip()} RETURNING key, token)
+UPDATE floor_grant AS g SET ended_at = clock_timestamp()
+FROM l WHERE g.lock_key = l.key AND g.token = l.token
+"""
+
+
+def floor_client(hot: bool, *, history: bool = False) -> ClientFactory:
+    """The raw SQL floor: one upsert returning the token, one update to release;
+    with ``history``, each statement also writes the grant row."""
+    acquire_sql, release_sql = (
+        (_FLOOR_HISTORY_ACQUIRE, _FLOOR_HISTORY_RELEASE) if history
+        else (_FLOOR_ACQUIRE, _FLOOR_RELEASE)
+    )
 
     def make(index: int) -> Operation:
         conn = _connect(connections.databases[BENCH_ALIAS])
@@ -322,11 +357,11 @@ def floor_client(hot: bool) -> ClientFactory:
             key = keys[next(counter) % len(keys)]
             lease = os.urandom(16).hex()
             row = conn.execute(
-                _FLOOR_ACQUIRE, {"key": key, "holder": holder, "lease": lease, "ttl": 30.0}
+                acquire_sql, {"key": key, "holder": holder, "lease": lease, "ttl": 30.0}
             ).fetchone()
             if row is None:
                 return False
-            conn.execute(_FLOOR_RELEASE, {"key": key, "token": row[0], "lease": lease})
+            conn.execute(release_sql, {"key": key, "token": row[0], "lease": lease})
             return True
 
         return cycle
@@ -398,13 +433,15 @@ def cycle_suite(config: BenchConfig, vendor: str, progress: Callable[[str], None
     if vendor == "postgresql":
         systems = {
             "raw_sql_floor": floor_client,
+            "floor_with_history": lambda hot: floor_client(hot, history=True),
             **systems,
             "locks_prepared": lambda hot: locks_client(hot, prepared=True),
             "locks_orm": lambda hot: locks_client(hot, grant_point="orm"),
             "pg_advisory": advisory_client,
         }
     else:
-        skipped["raw_sql_floor"] = skipped["pg_advisory"] = "PostgreSQL only; this run is on SQLite"
+        for name in ("raw_sql_floor", "floor_with_history", "pg_advisory"):
+            skipped[name] = "PostgreSQL only; this run is on SQLite"
     why_not = redis_available(config.redis_url)
     if why_not is None:
         url = config.redis_url
@@ -412,6 +449,9 @@ def cycle_suite(config: BenchConfig, vendor: str, progress: Callable[[str], None
         systems["redis_lock"] = lambda hot: redis_client(url, hot)
     else:
         skipped["redis_lock"] = why_not
+    if config.systems is not None:
+        chosen = {*config.systems, "raw_sql_floor", "floor_with_history"}
+        systems = {name: make for name, make in systems.items() if name in chosen}
     results: dict[str, Any] = {}
     for workload, hot in (("many_keys", False), ("hot_key", True)):
         rows: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
@@ -427,15 +467,21 @@ def cycle_suite(config: BenchConfig, vendor: str, progress: Callable[[str], None
                     progress(f"{workload} {name} x{clients} round {round_number + 1}")
                     runs[name].append(run_clients(systems[name](hot), clients, config.duration))
             for name in systems:
-                rows[name].append(_combine(runs[name], runs.get("raw_sql_floor")))
+                rows[name].append(
+                    _combine(runs[name], runs.get("raw_sql_floor"), runs.get("floor_with_history"))
+                )
         results[workload] = rows
     return {"systems": list(systems), "skipped": skipped, **results}
 
 
 def _combine(
-    runs: list[dict[str, Any]], floor: list[dict[str, Any]] | None
+    runs: list[dict[str, Any]],
+    floor: list[dict[str, Any]] | None,
+    history_floor: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """Median of the rounds; the ratio is the median of the per-round ratios."""
+    """Median of the rounds; a ratio is the median of the per-round ratios (to the
+    raw SQL floor, and to the floor with history: what the library's own code costs
+    beyond the writes the grant history needs)."""
     combined = {
         "clients": runs[0]["clients"],
         "ops": sum(run["ops"] for run in runs),
@@ -446,15 +492,21 @@ def _combine(
         "p50_ms": _median_of(run["p50_ms"] for run in runs),
         "p99_ms": _median_of(run["p99_ms"] for run in runs),
         "ratio_to_floor": None,
+        "ratio_to_floor_rounds": [],
+        "ratio_to_history_floor": None,
     }
-    if floor:
+    for name, baseline in (("ratio_to_floor", floor), ("ratio_to_history_floor", history_floor)):
+        if not baseline:
+            continue
         ratios = [
             run["ops_per_s"] / base["ops_per_s"]
-            for run, base in zip(runs, floor, strict=True)
+            for run, base in zip(runs, baseline, strict=True)
             if base["ops_per_s"]
         ]
         if ratios:
-            combined["ratio_to_floor"] = round(statistics.median(ratios), 3)
+            combined[name] = round(statistics.median(ratios), 3)
+            if name == "ratio_to_floor":
+                combined["ratio_to_floor_rounds"] = [round(ratio, 3) for ratio in ratios]
     return combined
 
 
@@ -993,15 +1045,17 @@ def table(results: dict[str, Any]) -> str:
             lines.append("")
             lines.append(f"acquire + release cycles, {workload.replace('_', ' ')}")
             lines.append(
-                f"{'system':<15}{'clients':>8}{'ops/s':>10}{'x floor':>9}{'p50 ms':>9}"
-                f"{'p99 ms':>9}{'refused':>9}"
+                f"{'system':<20}{'clients':>8}{'ops/s':>10}{'x floor':>9}{'x hist':>8}"
+                f"{'p50 ms':>9}{'p99 ms':>9}{'refused':>9}"
             )
             for name, series in cycles[workload].items():
                 for row in series:
-                    ratio = "-" if row["ratio_to_floor"] is None else f"{row['ratio_to_floor']:.2f}"
+                    ratio = _ratio(row["ratio_to_floor"])
+                    history = _ratio(row.get("ratio_to_history_floor"))
                     lines.append(
-                        f"{name:<15}{row['clients']:>8}{row['ops_per_s']:>10.0f}{ratio:>9}"
-                        f"{_ms(row['p50_ms']):>9}{_ms(row['p99_ms']):>9}{row['refused']:>9}"
+                        f"{name:<20}{row['clients']:>8}{row['ops_per_s']:>10.0f}{ratio:>9}"
+                        f"{history:>8}{_ms(row['p50_ms']):>9}{_ms(row['p99_ms']):>9}"
+                        f"{row['refused']:>9}"
                     )
     fenced = results.get("fenced")
     if fenced:

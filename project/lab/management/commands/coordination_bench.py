@@ -57,6 +57,10 @@ class Command(BaseCommand):
             help="PostgreSQL database for the row-count runs (created if missing); "
             "default: a schema of the configured database",
         )
+        parser.add_argument(
+            "--systems",
+            help="cycle systems to run, comma-separated (default: all; the two floors always run)",
+        )
         parser.add_argument("--skip-scale", action="store_true", help="skip the row-count runs")
         parser.add_argument(
             "--only", choices=["cycles", "fenced", "scale", "wakeup", "fairness", "celery"],
@@ -126,6 +130,7 @@ class Command(BaseCommand):
             redis_url=redis_url,
             scale_database=options["scale_database"],
             include_scale=not options["skip_scale"],
+            systems=options["systems"].split(",") if options["systems"] else None,
         )
         if options["quick"]:
             config.clients = [1, 2]
