@@ -31,6 +31,8 @@ class Lease:
       or ``"expired"`` when the lease ran out before the release).
     - ``lost``: set by :meth:`mark_lost` (a failed renewal); fenced writes with
       a lost lease are refused with ``LeaseLost`` before they apply.
+    - ``mode``: ``"exclusive"`` (every plain grant: a writer) or ``"shared"``
+      (a reader, :mod:`coordination.shared`); the Grant row records it too.
 
     A handle, not a row: two Lease objects are equal only if they are the same
     object. It pickles (for task arguments and result backends).
@@ -45,6 +47,7 @@ class Lease:
     ended_at: dt.datetime | None = None
     end_reason: str = ""
     lost: bool = False
+    mode: str = "exclusive"
     steps: int = field(default=0, repr=False)
     """The last step number :meth:`next_step` handed out (0: none yet)."""
 
