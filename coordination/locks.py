@@ -49,7 +49,7 @@ from typing import Any, ParamSpec, TypeVar
 from . import aio, signals
 from .backends import get_backend
 from .backends.base import Acquired, GrantPoint, Listener
-from .backends.shared import release_shared, renew_shared
+from .backends.shared import close_revoked_readers, release_shared, renew_shared
 from .conf import app_settings
 from .exceptions import InvalidInput, LeaseLost, LockHeld
 from .leases import Lease
@@ -309,15 +309,21 @@ def release(grant: Lease, *, using: str | None = None) -> Lease:
 def revoke(key: str, *, using: str | None = None) -> Grant | None:
     """Operator take-over: end the current lease of ``key`` (held or expired).
 
-    The holder's renew and release fail from now on with ``LeaseLost``, and the
-    next acquire gets a higher token, whose first write fences the revoked
+    The holder's renew and release fail from now on with ``LeaseLost`` (every
+    reader's, for a key held in shared mode), and the next acquire gets a
+    higher token, whose first write fences the revoked
     holder out. Returns the revoked :class:`~coordination.models.Grant` row (the
     audit record: the operator holds no lease), or None if the lock was free.
     """
     key = validate_key(key)
-    revoked = get_backend(using).revoke(key)
+    backend = get_backend(using)
+    revoked = backend.revoke(key)
     if revoked is None:
         return None
+    if revoked.mode == GrantMode.SHARED:
+        # The grant point ended the readers' group and closed its newest reader's
+        # row; the other readers of the group are closed as revoked too.
+        close_revoked_readers(backend, revoked)
     logger.warning(
         "lock revoked %s", LogFields(key=key, token=revoked.token, holder=revoked.holder)
     )

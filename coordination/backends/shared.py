@@ -54,7 +54,10 @@ from .base import (
     next_token,
 )
 
-__all__ = ["SHARED_LEASE_HASH", "grant_shared", "release_shared", "renew_shared", "shared_holders"]
+__all__ = [
+    "SHARED_LEASE_HASH", "close_revoked_readers", "grant_shared", "release_shared",
+    "renew_shared", "shared_holders",
+]
 
 SHARED_LEASE_HASH = "shared"
 """The ``lease_hash`` of a lock row held by readers: never the hash of a secret."""
@@ -151,9 +154,12 @@ def renew_shared(point: GrantPoint, lease: Lease, ttl: float) -> dt.datetime:
         assert own is not None  # no refusal: the reader's own row was found
         expires_at = now + dt.timedelta(seconds=ttl)
         Grant.objects.using(alias).filter(pk=own.pk).update(expires_at=expires_at)
-        assert lock.expires_at is not None
-        if expires_at > lock.expires_at:
-            Lock.objects.using(alias).filter(pk=lock.pk).update(expires_at=expires_at)
+        # The group's lease ends with its last reader's, this one's new end
+        # included: a shorter renewal can end it earlier.
+        readers, group_end = _live_readers(point, lock, now)
+        Lock.objects.using(alias).filter(pk=lock.pk).update(
+            holder=shared_holders(readers), expires_at=group_end
+        )
     return expires_at
 
 
@@ -210,6 +216,18 @@ def release_shared(point: GrantPoint, lease: Lease) -> Ended:
         assert refusal is not None
         raise refusal
     return Ended(reason, ended_at, expired_at)
+
+
+def close_revoked_readers(point: GrantPoint, revoked: Grant) -> None:
+    """Close, as revoked, the readers' rows still open in the group that ``revoked``
+    (its newest reader's row) ended. Readers granted since have greater tokens
+    and are not touched; a reader whose row stays open is refused anyway
+    (:func:`_reader_refusal`) and closed by the next group's first grant."""
+    with point.transaction():
+        Grant.objects.using(point.alias).filter(
+            lock_id=revoked.lock_id, mode=GrantMode.SHARED, ended_at=None,
+            token__lt=revoked.token, expires_at__gt=revoked.ended_at,
+        ).update(ended_at=revoked.ended_at, end_reason=GrantEnd.REVOKED)
 
 
 def _locked_row(point: GrantPoint, key: str, *, create: bool = False) -> Lock | None:

@@ -96,6 +96,15 @@ def test_renewing_a_reader_extends_the_group_and_the_last_release_frees_the_lock
         locks.renew(short, ttl=30)
 
 
+def test_a_shorter_renewal_of_the_last_reader_ends_the_group_earlier() -> None:
+    reader = acquire_shared("doc:11", holder="reader", ttl=60)
+    locks.renew(reader, ttl=0.5)
+    assert Lock.objects.get(key="doc:11").expires_at == reader.expires_at
+    wait_until_database_time_passes(reader.expires_at)
+    writer = locks.acquire("doc:11", holder="writer", ttl=30, lock_delay=0)
+    assert writer.token == reader.token + 1
+
+
 def test_an_expired_reader_is_not_renewed_and_its_release_says_it_ran_past_its_lease() -> None:
     stale = acquire_shared("doc:6", holder="stale", ttl=0.5, lock_delay=0)
     live = acquire_shared("doc:6", holder="live", ttl=30)
@@ -113,7 +122,11 @@ def test_an_expired_reader_is_not_renewed_and_its_release_says_it_ran_past_its_l
 def test_readers_of_a_revoked_group_never_join_a_later_group() -> None:
     first = acquire_shared("doc:7", holder="first", ttl=30)
     newest = acquire_shared("doc:7", holder="newest", ttl=30)
-    locks.revoke("doc:7")
+    revoked = locks.revoke("doc:7")
+    assert revoked is not None and (revoked.token, revoked.mode) == (newest.token, GrantMode.SHARED)
+    assert set(
+        Grant.objects.filter(lock__key="doc:7").values_list("end_reason", flat=True)
+    ) == {GrantEnd.REVOKED}  # every reader of the group, not only the newest
     with pytest.raises(LeaseLost):
         locks.renew(first, ttl=30)
 
