@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = ["Lease"]
 
@@ -47,9 +48,17 @@ class Lease:
     ended_at: dt.datetime | None = None
     end_reason: str = ""
     lost: bool = False
-    mode: str = "exclusive"
     steps: int = field(default=0, repr=False)
     """The last step number :meth:`next_step` handed out (0: none yet)."""
+    mode: str = "exclusive"
+
+    def __setstate__(self, state: tuple[None, dict[str, Any]]) -> None:
+        # Pickled by slot name (Python's default for a class with __slots__). A
+        # lease pickled before grants had modes (a task message an older version
+        # sent) has no "mode": it was exclusive.
+        _, slots = state
+        for name, value in {"mode": "exclusive", **slots}.items():
+            object.__setattr__(self, name, value)
 
     def next_step(self) -> int:
         """Number the next fenced write made under this lease: 1, 2, 3...
