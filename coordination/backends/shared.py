@@ -110,8 +110,9 @@ def grant_shared(point: GrantPoint, key: str, holder: str, ttl: float, lock_dela
         )
         if not live_group:
             # Readers of an earlier group still open, their time left: the group
-            # was revoked (the revocation closed only its newest reader's row).
-            # Closed now, so none of them ever joins this new group.
+            # was revoked and its readers were not all closed then (revoke closes
+            # them in a second transaction). Closed now, so none of them ever
+            # joins this new group.
             open_grants.filter(mode=GrantMode.SHARED).update(
                 ended_at=now, end_reason=GrantEnd.REVOKED
             )
@@ -122,16 +123,16 @@ def grant_shared(point: GrantPoint, key: str, holder: str, ttl: float, lock_dela
             lock_id=lock.pk, token=token, holder=holder, lease_hash=hash_lease_id(lease_id),
             acquired_at=now, expires_at=expires_at, mode=GrantMode.SHARED,
         )
-        readers, group_end = _live_readers(point, lock, now)
+        readers, group_end = _live_readers(point, lock, now)  # this reader included
         Lock.objects.using(alias).filter(pk=lock.pk).update(
             token=token, holder=shared_holders(readers), lease_hash=SHARED_LEASE_HASH,
             acquired_at=lock.acquired_at if live_group else now,
-            expires_at=max(group_end or expires_at, expires_at),
+            expires_at=group_end,
             lock_delay=lock_delay, delay_until=None,
         )
     lease = Lease(
         key=key, token=token, lease_id=lease_id, holder=holder, acquired_at=now,
-        expires_at=expires_at, mode=GrantMode.SHARED,
+        expires_at=expires_at, mode=GrantMode.SHARED.value,
     )
     return Acquired(lease, taken_over)
 
