@@ -476,14 +476,14 @@ class GrantEndFilter(admin.SimpleListFilter):
 @admin.register(Grant)
 class GrantAdmin(HistoryAdmin):
     list_display = [
-        "lock_link", "token", "holder", "acquired_at", "expires_at", "ended_at", "end",
+        "lock_link", "token", "mode", "holder", "acquired_at", "expires_at", "ended_at", "end",
     ]
-    list_filter = [GrantEndFilter]
+    list_filter = [GrantEndFilter, "mode"]
     list_select_related = ["lock"]
     search_fields = ["lock__key", "holder"]
     date_hierarchy = "acquired_at"
     fields = readonly_fields = (
-        "lock_link", "token", "holder", "acquired_at", "expires_at", "ended_at", "end",
+        "lock_link", "token", "mode", "holder", "acquired_at", "expires_at", "ended_at", "end",
     )
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Grant]:

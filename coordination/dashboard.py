@@ -148,6 +148,7 @@ class Lane:
     y: float
     bar_x: float
     bar_width: float
+    mode: str = "exclusive"  # GrantMode value: shared lanes are readers (drawn hatched)
 
     @property
     def label(self) -> str:
@@ -333,6 +334,7 @@ def build_timeline(
                 y=y,
                 bar_x=left,
                 bar_width=round(max(scale.x(finish) - left, 2.0), 1),
+                mode=grant.mode,
             )
         )
     for row in accepted:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = ["Lease"]
 
@@ -31,6 +32,8 @@ class Lease:
       or ``"expired"`` when the lease ran out before the release).
     - ``lost``: set by :meth:`mark_lost` (a failed renewal); fenced writes with
       a lost lease are refused with ``LeaseLost`` before they apply.
+    - ``mode``: ``"exclusive"`` (every plain grant: a writer) or ``"shared"``
+      (a reader, :mod:`coordination.shared`); the Grant row records it too.
 
     A handle, not a row: two Lease objects are equal only if they are the same
     object. It pickles (for task arguments and result backends).
@@ -47,6 +50,15 @@ class Lease:
     lost: bool = False
     steps: int = field(default=0, repr=False)
     """The last step number :meth:`next_step` handed out (0: none yet)."""
+    mode: str = "exclusive"
+
+    def __setstate__(self, state: tuple[None, dict[str, Any]]) -> None:
+        # Pickled by slot name (Python's default for a class with __slots__). A
+        # lease pickled before grants had modes (a task message an older version
+        # sent) has no "mode": it was exclusive.
+        _, slots = state
+        for name, value in {"mode": "exclusive", **slots}.items():
+            object.__setattr__(self, name, value)
 
     def next_step(self) -> int:
         """Number the next fenced write made under this lease: 1, 2, 3...

@@ -49,6 +49,7 @@ from typing import Any, ParamSpec, TypeVar
 from . import aio, signals
 from .backends import get_backend
 from .backends.base import Acquired, GrantPoint, Listener
+from .backends.shared import close_revoked_readers, release_shared, renew_shared
 from .conf import app_settings
 from .exceptions import InvalidInput, LeaseLost, LockHeld
 from .leases import Lease
@@ -57,6 +58,7 @@ from .models import (
     DatabaseNow,
     Grant,
     GrantEnd,
+    GrantMode,
     Lock,
     Ticket,
     hash_lease_id,
@@ -245,12 +247,17 @@ def renew(grant: Lease, *, ttl: float | None = None, using: str | None = None) -
 
     Only the current holder can renew: the lease must not have expired, been
     released, revoked or taken over, and ``grant.lease_id`` must match. Otherwise
-    raises ``LeaseLost`` and marks the lease lost. Returns the same lease with
+    raises ``LeaseLost`` and marks the lease lost. A shared (reader) lease is
+    renewed in its Grant row (``coordination.shared``). Returns the same lease with
     ``expires_at`` moved (its Grant row's too).
     """
     seconds = _validate_ttl(app_settings.DEFAULT_TTL if ttl is None else ttl)
+    backend = get_backend(using)
     try:
-        expires_at = get_backend(using).renew(grant, seconds)
+        if grant.mode == GrantMode.SHARED:
+            expires_at = renew_shared(backend, grant, seconds)
+        else:
+            expires_at = backend.renew(grant, seconds)
     except LeaseLost as lost:
         grant.mark_lost()
         logger.warning(
@@ -279,7 +286,10 @@ def release(grant: Lease, *, using: str | None = None) -> Lease:
     """
     if _leave(grant, using):
         return grant
-    ended = get_backend(using).release(grant)
+    backend = get_backend(using)
+    ended = (
+        release_shared(backend, grant) if grant.mode == GrantMode.SHARED else backend.release(grant)
+    )
     grant.ended_at, grant.end_reason = ended.ended_at, ended.reason
     if ended.expired_at is not None:
         grant.mark_lost()
@@ -300,15 +310,21 @@ def release(grant: Lease, *, using: str | None = None) -> Lease:
 def revoke(key: str, *, using: str | None = None) -> Grant | None:
     """Operator take-over: end the current lease of ``key`` (held or expired).
 
-    The holder's renew and release fail from now on with ``LeaseLost``, and the
-    next acquire gets a higher token, whose first write fences the revoked
+    The holder's renew and release fail from now on with ``LeaseLost`` (every
+    reader's, for a key held in shared mode), and the next acquire gets a
+    higher token, whose first write fences the revoked
     holder out. Returns the revoked :class:`~coordination.models.Grant` row (the
     audit record: the operator holds no lease), or None if the lock was free.
     """
     key = validate_key(key)
-    revoked = get_backend(using).revoke(key)
+    backend = get_backend(using)
+    revoked = backend.revoke(key)
     if revoked is None:
         return None
+    if revoked.mode == GrantMode.SHARED:
+        # The grant point ended the readers' group and closed its newest reader's
+        # row; the other readers of the group are closed as revoked too.
+        close_revoked_readers(backend, revoked)
     logger.warning(
         "lock revoked %s", LogFields(key=key, token=revoked.token, holder=revoked.holder)
     )
@@ -563,7 +579,7 @@ def grant_from_proof(
     return Lease(
         key=key, token=found.token, lease_id=lease_id, holder=found.holder,
         acquired_at=found.acquired_at, expires_at=found.expires_at,
-        ended_at=found.ended_at, end_reason=found.end_reason,
+        ended_at=found.ended_at, end_reason=found.end_reason, mode=found.mode,
     )
 
 

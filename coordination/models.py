@@ -315,6 +315,14 @@ class GrantEnd(models.TextChoices):
     REVOKED = "revoked", _("revoked")
 
 
+class GrantMode(models.TextChoices):
+    """How a grant holds its lock: alone (a writer, every plain acquire), or
+    together with other shared holders (readers: :mod:`coordination.shared`)."""
+
+    EXCLUSIVE = "exclusive", _("exclusive")
+    SHARED = "shared", _("shared")
+
+
 class GrantQuerySet(models.QuerySet["Grant"]):
     def live(self) -> GrantQuerySet:
         """Grants not ended and not yet past their lease, by the database clock."""
@@ -349,6 +357,12 @@ class Grant(models.Model):
     ended_at = models.DateTimeField(null=True, blank=True)
     end_reason = models.CharField(
         max_length=16, choices=GrantEnd.choices, blank=True, default="", db_default=""
+    )
+    # db_default: the grant point's SQL functions insert exclusive grants
+    # without naming the column.
+    mode = models.CharField(
+        max_length=9, choices=GrantMode.choices, default=GrantMode.EXCLUSIVE,
+        db_default=GrantMode.EXCLUSIVE, editable=False,
     )
 
     objects = GrantQuerySet.as_manager()

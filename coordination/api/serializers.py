@@ -19,6 +19,7 @@ from ..conf import app_settings
 from ..documents import NAME_MAX_LENGTH
 from ..exceptions import InvalidInput
 from ..leases import Lease
+from ..locks import MAX_KEYS_AT_ONCE
 from ..models import (
     HOLDER_MAX_LENGTH,
     KEY_MAX_LENGTH,
@@ -26,12 +27,14 @@ from ..models import (
     Document,
     Fence,
     Grant,
+    GrantMode,
     Lock,
     LockState,
     Rejection,
     validate_holder,
     validate_key,
 )
+from ..semaphores import MAX_PERMITS, permit_slot
 
 LEASE_ID_MAX_LENGTH = 128
 
@@ -202,6 +205,34 @@ class AcquireRequest(StrictSerializer):
         return _ttl(value)
 
 
+class LockAcquireRequest(AcquireRequest):
+    """Body of a lock's acquire: exclusive (a writer, the default) or shared (a reader)."""
+
+    mode = serializers.ChoiceField(
+        choices=GrantMode.choices, required=False, default=GrantMode.EXCLUSIVE,
+        help_text="`exclusive` (default: one holder, a writer) or `shared` (many readers at "
+        "once; every writer granted later holds a greater token).",
+    )
+
+
+class PermitAcquireRequest(AcquireRequest):
+    """Body of a semaphore's acquire: one of ``limit`` permits."""
+
+    limit = StrictIntegerField(
+        min_value=1, max_value=MAX_PERMITS,
+        help_text="How many permits the semaphore has; every caller passes the same limit.",
+    )
+
+
+class LockSetAcquireRequest(AcquireRequest):
+    """Body of an all-or-none acquire of several keys."""
+
+    keys = serializers.ListField(
+        child=StrictCharField(max_length=KEY_MAX_LENGTH, validators=[_key]),
+        min_length=1, max_length=MAX_KEYS_AT_ONCE,
+        help_text=f"The lock keys (1 to {MAX_KEYS_AT_ONCE}; duplicates count once).",
+    )
+
 
 def _max_wait() -> float:
     return min(float(app_settings.API_MAX_WAIT), float(app_settings.MAX_WAIT))
@@ -286,7 +317,9 @@ class GrantSerializer(serializers.ModelSerializer[Grant]):
 
     class Meta:
         model = Grant
-        fields = ["key", "token", "holder", "acquired_at", "expires_at", "ended_at", "end_reason"]
+        fields = [
+            "key", "token", "mode", "holder", "acquired_at", "expires_at", "ended_at", "end_reason",
+        ]
 
     def __init__(
         self, instance: Grant | Lease | QuerySet[Grant] | None = None, **kwargs: Any
@@ -301,7 +334,25 @@ class AcquiredGrantSerializer(GrantSerializer):
     )
 
     class Meta(GrantSerializer.Meta):
-        fields = ["key", "token", "lease_id", "holder", "acquired_at", "expires_at"]
+        fields = ["key", "token", "mode", "lease_id", "holder", "acquired_at", "expires_at"]
+
+
+class AcquiredPermitSerializer(AcquiredGrantSerializer):
+    """A permit: the acquired lease of one slot's key (``<name>@<slot>``)."""
+
+    slot = serializers.SerializerMethodField(help_text="The slot granted, 1 to limit.")
+
+    class Meta(AcquiredGrantSerializer.Meta):
+        fields = [*AcquiredGrantSerializer.Meta.fields, "slot"]
+
+    def get_slot(self, permit: Lease) -> int:
+        return permit_slot(permit)
+
+
+class AcquiredSetSerializer(serializers.Serializer[Any]):
+    """The grants of an all-or-none acquire, in sorted key order."""
+
+    grants = AcquiredGrantSerializer(many=True)
 
 
 class LockSerializer(serializers.ModelSerializer[Lock]):

@@ -15,6 +15,8 @@ app_name = "coordination_api"
 
 urlpatterns = [
     path("locks/", views.LockListView.as_view(), name="lock-list"),
+    path("lock-sets/acquire", views.LockSetAcquireView.as_view(), name="lock-set-acquire"),
+    path("semaphores/<str:name>/acquire", views.PermitAcquireView.as_view(), name="permit-acquire"),
     path("locks/<str:key>", views.LockDetailView.as_view(), name="lock-detail"),
     path("locks/<str:key>/acquire", views.AcquireView.as_view(), name="lock-acquire"),
     path("locks/<str:key>/renew", views.RenewView.as_view(), name="lock-renew"),

@@ -52,19 +52,35 @@ from ..exceptions import (
     StaleToken,
     WrongLock,
 )
-from ..models import KEY_MAX_LENGTH, KEY_PATTERN, Document, Fence, Grant, Lock, Rejection, validate_key
+from ..models import (
+    KEY_MAX_LENGTH,
+    KEY_PATTERN,
+    Document,
+    Fence,
+    Grant,
+    GrantMode,
+    Lock,
+    Rejection,
+    validate_key,
+)
+from ..semaphores import acquire_permit, permit_keys
+from ..shared import acquire_shared
 from .exceptions import exception_handler
 from .parsers import StrictJSONParser
 from .permissions import ActionPermission, ThrottledRefusals, UserThrottle
 from .serializers import (
     AcquiredGrantSerializer,
-    AcquireRequest,
+    AcquiredPermitSerializer,
+    AcquiredSetSerializer,
     DocumentSerializer,
     DocumentWrite,
     ErrorSerializer,
     FenceSerializer,
     GrantSerializer,
+    LockAcquireRequest,
     LockSerializer,
+    LockSetAcquireRequest,
+    PermitAcquireRequest,
     RejectionFilter,
     RejectionSerializer,
     ReleaseRequest,
@@ -128,6 +144,9 @@ def _name_parameter(name: str, max_length: int, description: str) -> OpenApiPara
 KEY_PARAMETER = _name_parameter("key", KEY_MAX_LENGTH, "Lock key: letters, digits and . _ : @ -")
 RESOURCE_PARAMETER = _name_parameter("resource", KEY_MAX_LENGTH, "Fence resource name.")
 NAME_PARAMETER = _name_parameter("name", NAME_MAX_LENGTH, "Document name.")
+NAME_OF_SEMAPHORE = _name_parameter(
+    "name", KEY_MAX_LENGTH, "Semaphore name: its slots are the lock keys <name>@1 ... <name>@<limit>."
+)
 
 
 def _path_key(value: str, field: str, *, max_length: int = KEY_MAX_LENGTH) -> str:
@@ -259,17 +278,90 @@ class AcquireView(CoordinationView):
             "Grants the lock to `holder` for `ttl` seconds of database time, with a token "
             "greater than every earlier token of the key. `lease_id` is returned only here: "
             "keep it secret, renew, release and fenced writes need it. A held lock answers "
-            "409 `lock_held` with `holder`, `expires_at`, `retry_after` and a Retry-After header."
+            "409 `lock_held` with `holder`, `expires_at`, `retry_after` and a Retry-After header. "
+            "`mode: shared` grants a reader: many at once, refused while a writer holds the key; "
+            "a writer is refused while readers hold it, and its token is above theirs."
         ),
-        request=AcquireRequest,
+        request=LockAcquireRequest,
         responses={201: AcquiredGrantSerializer, **_errors(409, 413, 415)},
     )
     def post(self, request: Request, key: str) -> Response:
         key = _path_key(key, "key")
         access.for_request(request).require("acquire", key)
-        body = _valid(AcquireRequest, request.data)
-        grant = locks.acquire(key, holder=body["holder"], ttl=body["ttl"], wait=body["wait"])
+        body = _valid(LockAcquireRequest, request.data)
+        grant = (acquire_shared if body["mode"] == GrantMode.SHARED else locks.acquire)(
+            key, holder=body["holder"], ttl=body["ttl"], wait=body["wait"]
+        )
         return Response(AcquiredGrantSerializer(grant).data, status=status.HTTP_201_CREATED)
+
+
+@_non_atomic
+@extend_schema(tags=["locks"])
+class LockSetAcquireView(CoordinationView):
+    """Acquire several locks, all or none."""
+
+    required_permissions = {"POST": "coordination.acquire_lock"}
+
+    @operation(
+        operation_id="lock_sets_acquire",
+        summary="Acquire several locks, all or none",
+        description=(
+            "Grants every key of `keys` to `holder`, each with its own token, in one "
+            "transaction and in sorted key order (no deadlock between overlapping sets), or "
+            "none: 409 `lock_held` names the first refused key. Renew and release each grant "
+            "at its key's own endpoints."
+        ),
+        request=LockSetAcquireRequest,
+        responses={201: AcquiredSetSerializer, **_errors(409, 413, 415)},
+    )
+    def post(self, request: Request) -> Response:
+        body = _valid(LockSetAcquireRequest, request.data)
+        rules = access.for_request(request)
+        for key in body["keys"]:
+            rules.require("acquire", key)
+        grants = locks.acquire_many(
+            body["keys"], holder=body["holder"], ttl=body["ttl"], wait=body["wait"]
+        )
+        return Response(
+            AcquiredSetSerializer({"grants": list(grants.values())}).data,
+            status=status.HTTP_201_CREATED,
+        )
+
+
+@_non_atomic
+@extend_schema(tags=["semaphores"], parameters=[NAME_OF_SEMAPHORE])
+class PermitAcquireView(CoordinationView):
+    """Acquire one of a semaphore's permits."""
+
+    required_permissions = {"POST": "coordination.acquire_lock"}
+
+    @operation(
+        operation_id="semaphores_acquire",
+        summary="Acquire one of a semaphore's permits",
+        description=(
+            "Grants one of the `limit` permits of the semaphore: the lease of one slot's lock "
+            "key `<name>@<slot>`, with a token of that slot's own. Fence the permit's writes by "
+            "that key; renew and release it at `locks/<name>@<slot>/renew` and `/release`. "
+            "All permits held: 409 `lock_held` (`holder` says so, `retry_after` when the first "
+            "lease ends)."
+        ),
+        request=PermitAcquireRequest,
+        responses={201: AcquiredPermitSerializer, **_errors(409, 413, 415)},
+    )
+    def post(self, request: Request, name: str) -> Response:
+        name = _path_key(name, "name")
+        body = _valid(PermitAcquireRequest, request.data)
+        try:
+            slots = permit_keys(name, body["limit"])
+        except InvalidInput as error:  # the name leaves no room for "@<slot>"
+            raise serializers.ValidationError({"name": [error.detail]}, code="invalid") from None
+        rules = access.for_request(request)
+        for slot in slots:
+            rules.require("acquire", slot)
+        permit = acquire_permit(
+            name, limit=body["limit"], holder=body["holder"], ttl=body["ttl"], wait=body["wait"]
+        )
+        return Response(AcquiredPermitSerializer(permit).data, status=status.HTTP_201_CREATED)
 
 
 @_non_atomic

@@ -31,6 +31,7 @@ from ..exceptions import InvalidInput
 from ..leases import Lease
 from ..logfields import LogFields
 from ..models import Lock
+from ..semaphores import MAX_PERMITS
 from .execution import (
     FencedExecution,
     LockSpec,
@@ -64,7 +65,7 @@ class FencedTask(Task):  # type: ignore[type-arg]  # the body's signature is not
     Configured by class attributes, which ``fenced_task`` sets from its arguments:
     ``fenced_lock`` (template or callable over the task's arguments),
     ``fenced_ttl``, ``fenced_wait``, ``fenced_on_busy``, ``fenced_keepalive``,
-    ``fenced_supersede`` and ``fenced_once_per_slot``.
+    ``fenced_supersede``, ``fenced_once_per_slot`` and ``fenced_concurrency``.
     """
 
     fenced_lock: LockSpec | None = None
@@ -74,6 +75,7 @@ class FencedTask(Task):  # type: ignore[type-arg]  # the body's signature is not
     fenced_keepalive: bool = True
     fenced_supersede: bool = False
     fenced_once_per_slot: bool = False
+    fenced_concurrency: int | None = None
 
     @property
     def grant(self) -> Lease | None:
@@ -137,6 +139,7 @@ class FencedTask(Task):  # type: ignore[type-arg]  # the body's signature is not
             keepalive=self.fenced_keepalive,
             task=self,
             label=f"{self.name}[{request.id}]",
+            concurrency=self.fenced_concurrency,
         )
         body: Callable[[], Any] = lambda: self.run(*args, **kwargs)  # noqa: E731
         if self.fenced_once_per_slot:
@@ -209,6 +212,7 @@ def fenced_task(
     keepalive: bool = True,
     supersede: bool = False,
     once_per_slot: bool = False,
+    concurrency: int | None = None,
     app: Any = None,
     **options: Any,
 ) -> Callable[[_F], Any]: ...
@@ -224,6 +228,7 @@ def fenced_task(
     keepalive: bool = True,
     supersede: bool = False,
     once_per_slot: bool = False,
+    concurrency: int | None = None,
     app: Any = None,
     **options: Any,
 ) -> Any:
@@ -246,6 +251,15 @@ def fenced_task(
       header), its database writes committing with its stored result; a
       redelivered message of the same slot returns that result
       (:func:`coordination.contrib.beat.once_per_slot`).
+    - ``concurrency``: at most this many executions of the same key run at
+      once. Each execution takes one of the N permits of the semaphore named by
+      the key (:func:`coordination.semaphores.acquire_permit`): its grant is
+      the lease of one slot's key, ``<key>@<slot>``, and its fenced writes
+      carry that slot's token, so a copy paused past its lease is refused by
+      the fences keyed by its slot once another execution took the slot over.
+      Fence the body's writes by the slot's key (``self.grant.key``), not by
+      ``key``. An execution that gets no permit within ``wait`` is handled by
+      ``on_busy`` exactly as a busy lock is. Default None: one lock, exclusive.
     - ``app``: register on this Celery app (default: ``shared_task``).
 
     Other keyword arguments are Celery task options (``bind``, ``acks_late``,
@@ -258,6 +272,11 @@ def fenced_task(
     if lock is None or not (isinstance(lock, str) or callable(lock)):
         raise InvalidInput("fenced_task(lock=...) must be a key template or a callable")
     validate_on_busy(on_busy)
+    if concurrency is not None and (
+        isinstance(concurrency, bool) or not isinstance(concurrency, int)
+        or not 0 < concurrency <= MAX_PERMITS
+    ):
+        raise InvalidInput(f"fenced_task(concurrency=...) must be an integer from 1 to {MAX_PERMITS}")
     if options.get("base") is not None and not issubclass(options["base"], FencedTask):
         raise InvalidInput("a fenced task's base must be a subclass of FencedTask")
     options.setdefault("base", FencedTask)
@@ -269,6 +288,7 @@ def fenced_task(
         fenced_keepalive=keepalive,
         fenced_supersede=supersede,
         fenced_once_per_slot=once_per_slot,
+        fenced_concurrency=concurrency,
     )
     register = shared_task if app is None else app.task
 

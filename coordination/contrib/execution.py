@@ -45,6 +45,7 @@ from ..exceptions import InvalidInput, LeaseLost, LockHeld
 from ..leases import Lease
 from ..logfields import LogFields
 from ..models import HOLDER_MAX_LENGTH, Grant, validate_key
+from ..semaphores import aacquire_permit, acquire_permit, permit_keys
 
 __all__ = [
     "AsyncFencedExecution",
@@ -314,6 +315,7 @@ class _ExecutionOptions(TypedDict, total=False):
     using: str | None
     task: Any
     label: str | None
+    concurrency: int | None
 
 
 class _Execution:
@@ -331,7 +333,10 @@ class _Execution:
         using: str | None = None,
         task: Any = None,
         label: str | None = None,
+        concurrency: int | None = None,
     ) -> None:
+        if concurrency is not None:
+            permit_keys(key, concurrency)  # InvalidInput for a bad limit, before any grant
         self.key = key
         self.holder = holder
         self.ttl = float(app_settings.DEFAULT_TTL if ttl is None else ttl)
@@ -340,6 +345,7 @@ class _Execution:
         self.using = using
         self.task = task
         self.label = label or holder
+        self.concurrency = concurrency
         self.grant: Lease | None = None
 
 
@@ -369,9 +375,19 @@ class FencedExecution(_Execution):
         self._ended = False
 
     def acquire(self) -> Lease:
-        self.grant = locks.acquire(
-            self.key, holder=self.holder, ttl=self.ttl, wait=self.wait, using=self.using
-        )
+        """The execution's grant: of ``key`` itself, or with ``concurrency=N`` one
+        of the N permits of the semaphore ``key`` (the lease of its slot's key,
+        ``<key>@<slot>``, whose tokens fence the body's writes). ``LockHeld``
+        when none is granted within ``wait``, either way."""
+        if self.concurrency is None:
+            self.grant = locks.acquire(
+                self.key, holder=self.holder, ttl=self.ttl, wait=self.wait, using=self.using
+            )
+        else:
+            self.grant = acquire_permit(
+                self.key, limit=self.concurrency, holder=self.holder, ttl=self.ttl,
+                wait=self.wait, using=self.using,
+            )
         return self.grant
 
     def __enter__(self) -> Lease:
@@ -484,9 +500,15 @@ class AsyncFencedExecution(_Execution):
     ) -> _T | Skipped:
         """Await ``body`` under a new grant; ``on_busy`` is ``"raise"`` or ``"skip"``."""
         try:
-            self.grant = grant = await locks.aacquire(
-                self.key, holder=self.holder, ttl=self.ttl, wait=self.wait, using=self.using
-            )
+            if self.concurrency is None:
+                self.grant = grant = await locks.aacquire(
+                    self.key, holder=self.holder, ttl=self.ttl, wait=self.wait, using=self.using
+                )
+            else:
+                self.grant = grant = await aacquire_permit(
+                    self.key, limit=self.concurrency, holder=self.holder, ttl=self.ttl,
+                    wait=self.wait, using=self.using,
+                )
         except LockHeld as held:
             if on_busy == "skip":
                 logger.warning("task %s skipped: %s", self.label, held.detail)

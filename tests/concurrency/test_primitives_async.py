@@ -1,4 +1,5 @@
-"""The async twins of the primitives: ``aacquire_many`` and ``aacquire_permit`` grant
+"""The async twins of the primitives: ``aacquire_many``, ``aacquire_permit`` and
+``aacquire_shared`` grant
 as their sync versions do, and a cancelled coroutine never leaves a grant behind."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from coordination.exceptions import LockHeld
 from coordination.leases import Lease
 from coordination.models import Lock
 from coordination.semaphores import aacquire_permit
+from coordination.shared import aacquire_shared
 from tests.concurrency.test_async import (
     DEADLINE,
     eventually,
@@ -91,3 +93,24 @@ def test_a_cancelled_aacquire_many_or_aacquire_permit_gives_its_grant_back() -> 
         run(main)
     finally:
         signals.lock_acquired.disconnect(hold_in_acquire)
+
+
+def test_aacquire_shared_grants_readers_together_and_waits_for_a_writer() -> None:
+    async def main() -> None:
+        writer = await locks.aacquire("ashared", holder="writer", ttl=60)
+        with pytest.raises(LockHeld):
+            await aacquire_shared("ashared", holder="reader-1", ttl=60)
+        waiting = asyncio.create_task(
+            aacquire_shared("ashared", holder="reader-1", ttl=60, wait=DEADLINE)
+        )
+        await locks.arelease(writer)
+        first = await waiting
+        second = await aacquire_shared("ashared", holder="reader-2", ttl=60)
+        assert (first.mode, second.mode) == ("shared", "shared")
+        assert writer.token < first.token < second.token
+        await locks.arenew(first, ttl=60)
+        await locks.arelease(first)
+        await locks.arelease(second)
+        assert await in_database(lambda: lock_is_free("ashared"))
+
+    run(main)

@@ -26,6 +26,7 @@ from coordination.models import (
     Rejection,
     TokenFloor,
 )
+from coordination.shared import acquire_shared
 from tests.support.admin_story import tell_the_seed_story
 from tests.support.waiting import wait_until_database_time_passes
 
@@ -416,6 +417,25 @@ def test_dashboard_draws_the_seed_story_on_the_timeline(admin_client: Client) ->
     (refused,) = [mark for mark in timeline.marks if mark.kind == "refused"]
     assert refused.x > a_lane.bar_x + a_lane.bar_width  # A wrote after its lease ended
     assert '<meta http-equiv="refresh" content="10">' in html
+
+
+def test_dashboard_and_grant_list_show_each_grants_mode(admin_client: Client) -> None:
+    readers = [acquire_shared("report:1", holder=f"reader-{n}", ttl=30) for n in (1, 2)]
+    for reader in readers:
+        locks.release(reader)
+    writer = locks.acquire("report:1", holder="writer", ttl=30)
+    response = admin_client.get(reverse(DASHBOARD), {"key": "report:1"})
+    (timeline,) = response.context["dashboard"].timelines
+    assert [(lane.token, lane.mode) for lane in timeline.lanes] == [
+        (readers[0].token, "shared"), (readers[1].token, "shared"), (writer.token, "exclusive"),
+    ]
+    html = response.content.decode()
+    assert re.search(rf'data-token="{readers[0].token}" data-holder="reader-1"[^>]*data-mode="shared"', html)
+    assert re.search(rf'data-token="{writer.token}" data-holder="writer"[^>]*data-mode="exclusive"', html)
+
+    grants = admin_client.get(reverse("admin:coordination_grant_changelist"), {"mode": "shared"})
+    assert grants.status_code == 200
+    assert {g.token for g in grants.context["cl"].result_list} == {r.token for r in readers}
 
 
 def test_dashboard_counts_and_charts_the_last_hour(admin_client: Client) -> None:

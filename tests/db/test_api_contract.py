@@ -45,7 +45,8 @@ def parse_time(value: str) -> dt.datetime:
 def test_acquire_returns_the_grant_with_its_secret() -> None:
     client = full_client()
     grant = acquire(client, "invoice:7", holder="worker-3", ttl=12.5)
-    assert set(grant) == {"key", "token", "lease_id", "holder", "acquired_at", "expires_at"}
+    assert set(grant) == {"key", "token", "mode", "lease_id", "holder", "acquired_at", "expires_at"}
+    assert grant["mode"] == "exclusive"
     assert grant["key"] == "invoice:7"
     assert grant["token"] == 1
     assert grant["holder"] == "worker-3"

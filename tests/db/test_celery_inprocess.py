@@ -17,6 +17,7 @@ from coordination.contrib.celery import fenced_task
 from coordination.contrib.execution import release_quietly
 from coordination.exceptions import InvalidInput, LockHeld
 from coordination.models import Grant, GrantEnd, Lock
+from coordination.semaphores import acquire_permit
 from project.demo.models import Account
 from tests.support.factories import AccountFactory
 from tests.support.waiting import wait_until_database_time_passes
@@ -115,6 +116,34 @@ def test_declaring_a_fenced_task_checks_its_options() -> None:
         fenced_task(lock="x:{a}", on_busy="wait")
     with pytest.raises((InvalidInput, TypeError)):
         fenced_task(lock=None)  # type: ignore[arg-type]
+    for concurrency in (0, -1, 1001, True, 1.5):
+        with pytest.raises(InvalidInput):
+            fenced_task(lock="x:{a}", concurrency=concurrency)  # type: ignore[arg-type]
+
+
+@fenced_task(lock="export:{name}", ttl=5, concurrency=2, on_busy="skip")
+def capped(name: str) -> str | None:
+    grant = locks.current_grant()
+    return grant.key if grant else None
+
+
+def test_concurrency_runs_under_a_permit_and_skips_when_all_permits_are_held() -> None:
+    ran = capped.apply(args=("nightly",)).get()
+    held = [
+        acquire_permit("export:nightly", limit=2, holder=f"holder {n}", ttl=30) for n in (1, 2)
+    ]
+    try:
+        refused = capped.apply(args=("nightly",)).get()
+    finally:
+        for permit in held:
+            locks.release(permit)
+
+    assert ran in {"export:nightly@1", "export:nightly@2"}
+    first = Grant.objects.filter(lock__key=ran).order_by("token").first()
+    assert first is not None and first.end_reason == GrantEnd.RELEASED
+    assert refused["coordination"] == "skipped"
+    assert (refused["reason"], refused["key"]) == ("lock_held", "export:nightly")
+    assert "all 2 permits" in refused["detail"]
 
 
 def test_busy_lock_with_skip_returns_a_skipped_result_and_signals_it() -> None:

@@ -19,6 +19,7 @@ import pytest
 from coordination import locks
 from coordination.exceptions import LockHeld
 from coordination.models import Grant, GrantEnd, Lock, Rejection, RejectionReason
+from coordination.semaphores import acquire_permit
 from project.demo.models import Account
 from tests.support import celery_worker_tasks as tasks
 from tests.support.celery_workers import (
@@ -412,3 +413,75 @@ def test_threads_pool_keeps_each_concurrent_tasks_grant_to_its_own_thread(
         assert balance(account) == Decimal("101.00")
         grant = Grant.objects.get(lock__key=f"account:{account.pk}")
         assert (grant.token, grant.end_reason) == (1, GrantEnd.RELEASED)
+
+
+def test_concurrency_caps_running_executions_and_the_others_retry(
+    workers: dict[str, Worker], broker: RedisBroker, tmp_path: Path
+) -> None:
+    """``fenced_task(concurrency=2)``: five executions queued on workers that could
+    run all five at once; the database never counts more than two bodies
+    running, the others retry as on a busy lock, and every write is accepted
+    under its slot's own token."""
+    name = unique("export")
+    counter, peak = AccountFactory(balance=Decimal("0")), AccountFactory(balance=Decimal("0"))
+    report = tmp_path / "events.jsonl"
+    arguments = {"counter": counter.pk, "peak": peak.pk, "report": str(report), "hold": 1.5}
+    # One execution per free process: solo 1, prefork 2, threads 2.
+    for queue in [workers["solo"].queue] + [workers["prefork"].queue] * 2 + [workers["threads"].queue] * 2:
+        send(tasks.capped_export, queue, broker, name, kwargs=arguments)
+
+    deadline = time.monotonic() + 60
+    while len([e for e in events(report) if e["event"] == "written"]) < 5:
+        assert time.monotonic() < deadline, (
+            events(report), [w.log_text()[-2000:] for w in workers.values()]
+        )
+        time.sleep(0.1)
+    acquired = [e for e in events(report) if e["event"] == "acquired"]
+    retries = [e for e in events(report) if e["event"] == "retry"]
+
+    assert Account.objects.get(pk=peak.pk).balance <= 2  # never more than two at once
+    assert Account.objects.get(pk=counter.pk).balance == 0
+    assert max(e["running"] for e in acquired) <= 2
+    assert retries and {e["reason"] for e in retries} == {"LockHeld"}
+    assert {e["key"] for e in acquired} <= {f"export:{name}@1", f"export:{name}@2"}
+    for key in {e["key"] for e in acquired}:
+        tokens = sorted(e["token"] for e in acquired if e["key"] == key)
+        assert len(set(tokens)) == len(tokens)  # each execution its own token of its slot
+    assert len(acquired) == 5
+
+
+def test_concurrency_permit_holder_paused_past_its_lease_is_refused_by_its_slots_fence(
+    workers: dict[str, Worker], broker: RedisBroker, tmp_path: Path
+) -> None:
+    """A (``concurrency=2``, 1 s lease, no keep-alive) is stopped past its lease while
+    holding slot s; B is granted slot s (the other slot is held throughout) and
+    writes; A resumes and its write under the older token of slot s is refused."""
+    a, b = workers["solo"], workers["prefork"]
+    name = unique("export")
+    counter, peak = AccountFactory(balance=Decimal("0")), AccountFactory(balance=Decimal("0"))
+    report = tmp_path / "events.jsonl"
+    pause = tmp_path / "pause-a"
+    pause.touch()
+    arguments = {"counter": counter.pk, "peak": peak.pk, "report": str(report)}
+    other = acquire_permit(f"export:{name}", limit=2, holder="the other slot", ttl=60)
+    try:
+        send(tasks.capped_export_plain_lease, a.queue, broker, name,
+             kwargs={**arguments, "pause_once": str(pause)})
+        t0 = wait_for_event(report, lambda e: e["event"] == "acquired", workers=[a])
+        a.pause(t0["pid"])
+        wait_until_database_time_passes(dt.datetime.fromisoformat(t0["expires_at"]), margin=0.2)
+
+        send(tasks.capped_export_plain_lease, b.queue, broker, name, kwargs=arguments)
+        t3 = wait_for_event(report, lambda e: e["event"] == "written", workers=[b])
+        a.resume(t0["pid"])
+        (tmp_path / "pause-a.go").touch()
+        late = wait_for_event(report, lambda e: e["event"] == "refused", workers=[a])
+    finally:
+        locks.release(other)
+
+    assert t0["key"] != other.key and t3["key"] == t0["key"]
+    assert t3["token"] == t0["token"] + 1
+    assert (late["key"], late["token"], late["code"]) == (t0["key"], t0["token"], "stale_token")
+    rejection = Rejection.objects.get(token=t0["token"], lock_key=t0["key"])
+    assert rejection.reason == RejectionReason.STALE
+    assert rejection.watermark_token == t3["token"]

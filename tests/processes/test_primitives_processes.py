@@ -1,5 +1,5 @@
-"""Real processes: a holder of a pair of keys (``acquire_many``) or of a
-semaphore permit is stopped (SIGSTOP) past its lease, another holder takes the
+"""Real processes: a holder of a pair of keys (``acquire_many``), of a
+semaphore permit or of a shared (reader) grant is stopped (SIGSTOP) past its lease, another holder takes the
 same grant and writes, and the stopped holder's late write, once resumed, is
 refused (rules 1 and 2 of docs/rules.md; docs/primitives.md)."""
 
@@ -56,17 +56,20 @@ def stop_past_its_lease(child: subprocess.Popen[str], report: dict[str, Any]) ->
     wait_until_database_time_passes(max(ends))
 
 
-@pytest.mark.parametrize("kind", ["pair", "permit"])
+@pytest.mark.parametrize("kind", ["pair", "permit", "reader"])
 def test_a_stopped_holder_is_refused_after_the_next_holder_wrote(kind: str) -> None:
     child, report = start_holder(kind, f"{kind}-race", ttl=1.0)
     try:
         # The semaphore's other slot is held throughout: it runs on untouched.
-        other = None if kind == "pair" else acquire_permit(
+        other = None if kind != "permit" else acquire_permit(
             f"{kind}-race", limit=2, holder="other", ttl=30
         )
         stop_past_its_lease(child, report)
         grants: dict[str, Lease]
-        if other is None:
+        if kind == "reader":
+            # A writer takes the name over from the expired reader and writes.
+            grants = {f"{kind}-race": locks.acquire(f"{kind}-race", holder="writer", ttl=30)}
+        elif other is None:
             grants = locks.acquire_many(sorted(report["grants"]), holder="next", ttl=30)
         else:
             assert other.key not in report["grants"]

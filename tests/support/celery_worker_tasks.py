@@ -22,10 +22,12 @@ from typing import Any
 from celery import shared_task
 from celery.exceptions import Ignore, Reject
 from celery.signals import task_retry
+from django.db import transaction
 
 from coordination import locks, signals
 from coordination.contrib.celery import fenced_task
 from coordination.exceptions import CoordinationError
+from coordination.fencing import fence
 from coordination.leases import Lease
 from project.demo.models import Account
 
@@ -137,6 +139,66 @@ def rebuild_digest(self: Any, name: str, version: int, *, report: str) -> Any:
     """Latest wins: only the newest enqueue of a name runs."""
     record(report, "ran", version=version, token=self.grant.token)
     return version
+
+
+def _count_running(counter_id: int, peak_id: int, change: int) -> int:
+    """Add ``change`` to the number of bodies running (an Account's balance, under its
+    row lock) and raise the peak (another Account's balance): the overlap as the
+    database saw it. Returns the number running after the change."""
+    with transaction.atomic():
+        counter = Account.objects.select_for_update().get(pk=counter_id)
+        running = counter.balance + change
+        Account.objects.filter(pk=counter_id).update(balance=running)
+        Account.objects.filter(pk=peak_id, balance__lt=running).update(balance=running)
+    return int(running)
+
+
+def _capped(
+    task: Any, name: str, counter: int, peak: int, report_to: str, pause_once: str, hold: float
+) -> Any:
+    grant = task.grant
+    assert grant is not None and locks.current_grant() is grant
+    running = _count_running(counter, peak, +1)
+    try:
+        record(
+            report_to, "acquired", token=grant.token, key=grant.key, task_id=task.request.id,
+            retries=task.request.retries, expires_at=grant.expires_at.isoformat(), running=running,
+        )
+        paused = pause_here_once(pause_once)
+        if hold:
+            time.sleep(hold)
+        try:
+            with fence(grant.key, grant):  # the slot's own fence: its tokens only
+                pass
+        except CoordinationError as refused:
+            record(report_to, "refused", token=grant.token, key=grant.key, code=refused.code)
+            return {"written": False, "code": refused.code}
+        record(report_to, "written", token=grant.token, key=grant.key, paused=paused)
+        return {"written": True, "token": grant.token}
+    finally:
+        _count_running(counter, peak, -1)
+
+
+@fenced_task(
+    lock="export:{name}", concurrency=2, ttl=KEEPALIVE_TTL, bind=True, max_retries=50,
+)
+def capped_export(
+    self: Any, name: str, *, counter: int, peak: int, report: str, pause_once: str = "",
+    hold: float = 0.0,
+) -> Any:
+    """At most two executions per name at once; the others retry (``on_busy="retry"``)."""
+    return _capped(self, name, counter, peak, report, pause_once, hold)
+
+
+@fenced_task(
+    lock="export:{name}", concurrency=2, ttl=1.0, keepalive=False, on_busy="raise", bind=True,
+)
+def capped_export_plain_lease(
+    self: Any, name: str, *, counter: int, peak: int, report: str, pause_once: str = "",
+    hold: float = 0.0,
+) -> Any:
+    """A permit with a 1 s lease and no keep-alive, for the pause past the lease."""
+    return _capped(self, name, counter, peak, report, pause_once, hold)
 
 
 @shared_task(bind=True)

@@ -1,9 +1,10 @@
 """A holder process for the primitives' real-process tests (docs/primitives.md).
 
-Run as ``python -m tests.support.primitive_holder pair|permit <name> <ttl>`` with
-the worker environment (``celery_workers.worker_environment``): it takes a
+Run as ``python -m tests.support.primitive_holder pair|permit|reader <name> <ttl>``
+with the worker environment (``celery_workers.worker_environment``): it takes a
 grant (``pair``: ``acquire_many`` of ``<name>:a`` and ``<name>:b``; ``permit``:
-one permit of the semaphore ``<name>`` with limit 2), writes under it once,
+one permit of the semaphore ``<name>`` with limit 2; ``reader``: a shared grant
+of ``<name>``), writes under it once,
 prints ``{"pid", "grants": {key: [token, expires_at]}}`` as a JSON line, then
 waits for a line on stdin (the test stops it with SIGSTOP meanwhile) and writes
 again under the same grant, printing ``{"outcome": "accepted"}`` or the error's
@@ -26,11 +27,14 @@ def main(argv: list[str]) -> int:
     from coordination.fencing import fence
     from coordination.leases import Lease
     from coordination.semaphores import acquire_permit
+    from coordination.shared import acquire_shared
 
     kind, name, ttl = argv[0], argv[1], float(argv[2])
     grants: dict[str, Lease]
     if kind == "pair":
         grants = locks.acquire_many([f"{name}:a", f"{name}:b"], holder="paused", ttl=ttl)
+    elif kind == "reader":
+        grants = {name: acquire_shared(name, holder="paused", ttl=ttl)}
     else:
         permit = acquire_permit(name, limit=2, holder="paused", ttl=ttl)
         grants = {permit.key: permit}

@@ -138,6 +138,69 @@ def test_two_live_grants_of_one_key_at_the_same_database_time_are_a_violation() 
     assert "grants_overlap" in checks(history.check())
 
 
+
+def grant_row(key: str, token: int, holder: str, lease: tuple[float, float], mode: str) -> dict[str, Any]:
+    return {"type": "grant_row", "key": key, "token": token, "holder": holder, "mode": mode,
+            "acquired_at": db_time(lease[0]), "expires_at": db_time(lease[1]), "ended_at": None}
+
+
+def readers_then_a_writer(writer_from: float) -> History:
+    """Two readers of k live together until 2.0 and 3.0; a writer from ``writer_from``."""
+    history = seed_timeline()
+    history.events = [e for e in history.events if e.get("type") not in {"grant_row", "lock_row"}]
+    history.add(type="lock_row", key="k", token=46)
+    for row in [
+        grant_row("k", 41, "A", (0.0, 1.0), "exclusive"),
+        grant_row("k", 42, "B", (1.1, 2.1), "exclusive"),
+        grant_row("k", 43, "R1", (2.2, 3.0), "shared"),
+        grant_row("k", 44, "R2", (2.5, 4.0), "shared"),
+        grant_row("k", 45, "W", (writer_from, writer_from + 1), "exclusive"),
+    ]:
+        history.add(**row)
+    return history
+
+
+def test_readers_may_overlap_but_a_writer_overlapping_a_reader_is_a_violation() -> None:
+    assert checks(readers_then_a_writer(4.0).check()) == set()
+    # Past the first reader's end, not past the second's: still a violation.
+    assert "writer_overlaps_readers" in checks(readers_then_a_writer(3.5).check())
+
+
+def test_a_reader_overlapping_a_writer_is_a_violation() -> None:
+    history = readers_then_a_writer(4.0)
+    history.add(**grant_row("k", 46, "R3", (4.5, 6.0), "shared"))  # inside the writer's 4..5
+    assert "writer_overlaps_readers" in checks(history.check())
+
+
+def permits(slots: list[tuple[int, tuple[float, float]]]) -> History:
+    history = seed_timeline().add(type="semaphore", name="pool", limit=2)
+    for token, (slot, lease) in enumerate(slots, start=1):
+        history.add(**grant_row(f"pool@{slot}", token, f"P{token}", lease, "exclusive"))
+    return history
+
+
+def test_more_live_permits_than_the_limit_is_a_violation() -> None:
+    assert checks(permits([(1, (0.0, 2.0)), (2, (1.0, 3.0)), (1, (2.0, 4.0))]).check()) == set()
+    found = checks(permits([(1, (0.0, 2.0)), (2, (1.0, 3.0)), (3, (1.5, 4.0))]).check())
+    assert {"permit_above_limit", "permits_above_limit"} <= found
+
+
+def acquire_many(history: History, holder: str, keys: list[str], grants: dict[str, int] | None) -> History:
+    outcome = "ok" if grants is not None else "refused"
+    return history.op("acquire_many", holder, 5.0, 5.1, outcome, "" if grants else "lock_held",
+                      result={"keys": keys, "holder": holder, "grants": grants or {}})
+
+
+def test_a_set_granted_in_part_is_a_violation() -> None:
+    whole = acquire_many(seed_timeline(), "S1", ["x", "y"], {"x": 1, "y": 1})
+    refused = acquire_many(seed_timeline(), "S2", ["x", "y"], None)
+    assert checks(whole.check()) == checks(refused.check()) == set()
+
+    assert "set_partial" in checks(acquire_many(seed_timeline(), "S1", ["x", "y"], {"x": 1}).check())
+    left_behind = acquire_many(seed_timeline(), "S2", ["x", "y"], None)
+    left_behind.add(**grant_row("x", 1, "S2", (5.0, 6.0), "exclusive"))
+    assert "set_partial" in checks(left_behind.check())
+
 def test_an_acknowledged_grant_missing_from_the_grant_table_is_a_violation() -> None:
     history = seed_timeline()
     history.events = [e for e in history.events if not (e.get("type") == "grant_row" and e["token"] == 42)]

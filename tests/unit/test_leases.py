@@ -49,6 +49,19 @@ def test_a_lease_keeps_its_secret_out_of_its_repr_and_survives_pickling() -> Non
     )
 
 
+def test_a_lease_keeps_its_mode_through_pickling_and_an_older_pickle_is_exclusive() -> None:
+    reader = a_lease(mode="shared")
+    reader.next_step()
+    assert pickle.loads(pickle.dumps(reader)).mode == "shared"
+
+    # A lease pickled before grants had modes: its state names no mode.
+    _, slots = reader.__reduce_ex__(2)[2]
+    del slots["mode"]
+    revived = Lease.__new__(Lease)
+    revived.__setstate__((None, slots))
+    assert (revived.mode, revived.token, revived.steps, revived.lost) == ("exclusive", 41, 1, False)
+
+
 def test_a_lease_is_a_handle_with_no_room_for_bolted_on_attributes() -> None:
     lease = a_lease()
 

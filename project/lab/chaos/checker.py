@@ -9,8 +9,13 @@ What it checks:
 
 - **grants**, per key: tokens unique and strictly increasing in grant order (in
   real time: a grant acknowledged before another was asked for has the lower
-  token); no two grants live at the same database time; every acknowledged
-  grant is in the Grant table; the lock's counter is at least every issued token.
+  token); no two grants live at the same database time unless both are shared
+  (readers), so no writer overlaps a reader; every acknowledged grant is in the
+  Grant table; the lock's counter is at least every issued token.
+- **semaphores** (a ``semaphore`` event names one and its limit): never more
+  live permits than the limit at any database time, no slot above it.
+- **sets** (``acquire_many`` operations): a granted set has a grant of every
+  key it asked for; a refused one left no grant of its holder (all or none).
 - **writes**, per resource: accepted (token, step) pairs are unique and
   linearizable in (token, step) order, so accepted tokens never go down, an equal
   token is accepted only for a later step, and nothing is accepted after a higher
@@ -95,6 +100,11 @@ class GrantSpan:
     acquired_at: dt.datetime
     expires_at: dt.datetime
     ended_at: dt.datetime | None = None
+    mode: str = "exclusive"
+
+    @property
+    def shared(self) -> bool:
+        return self.mode == "shared"
 
     @property
     def end(self) -> dt.datetime:
@@ -191,6 +201,8 @@ def check(events: Sequence[Event]) -> Report:
     ops = build_ops(events)
     violations: list[Violation] = []
     grants, grant_figures = _check_grants(ops, events, violations)
+    _check_semaphores(grants, events, violations)
+    _check_sets(ops, events, violations)
     stale_attempts, resources = _check_writes(ops, events, violations)
     _check_lock_refusals(ops, grants, violations)
     _check_monotonic(events, violations)
@@ -288,13 +300,89 @@ def _check_grants(
                     f"token {later.token} was granted at {later.acquired_at.isoformat()}, not after "
                     f"token {earlier.token} ({earlier.acquired_at.isoformat()})", key,
                 ))
-            if later.acquired_at < earlier.end:
-                violations.append(Violation(
-                    "grants_overlap",
-                    f"grant {later.token} began at {later.acquired_at.isoformat()} while grant "
-                    f"{earlier.token} was live until {earlier.end.isoformat()}", key,
-                ))
+        _check_overlaps(key, ordered, violations)
     return spans, checked
+
+
+def _check_overlaps(key: str, ordered: list[GrantSpan], violations: list[Violation]) -> None:
+    """No grant begins while an earlier one it excludes is live: a writer excludes
+    every grant, a reader only writers. ``ordered`` is in token order."""
+    last_any: GrantSpan | None = None  # of the earlier grants, the one live longest
+    last_writer: GrantSpan | None = None  # the same among the exclusive ones
+    for span in ordered:
+        blocker = last_writer if span.shared else last_any
+        if blocker is not None and span.acquired_at < blocker.end:
+            check = "grants_overlap" if span.shared == blocker.shared else "writer_overlaps_readers"
+            violations.append(Violation(
+                check,
+                f"{span.mode} grant {span.token} began at {span.acquired_at.isoformat()} while "
+                f"{blocker.mode} grant {blocker.token} was live until {blocker.end.isoformat()}", key,
+            ))
+        if last_any is None or span.end > last_any.end:
+            last_any = span
+        if not span.shared and (last_writer is None or span.end > last_writer.end):
+            last_writer = span
+
+
+def _check_semaphores(
+    spans: dict[str, list[GrantSpan]], events: Sequence[Event], violations: list[Violation]
+) -> None:
+    """At most ``limit`` live permits of each semaphore at any database time."""
+    for event in events:
+        if event.get("type") != "semaphore":
+            continue
+        name, limit = str(event["name"]), int(event["limit"])
+        permits: list[GrantSpan] = []
+        for key, key_spans in spans.items():
+            base, _, slot = key.rpartition("@")
+            if base != name or not slot.isdigit():
+                continue
+            if not 1 <= int(slot) <= limit:
+                violations.append(Violation(
+                    "permit_above_limit", f"slot {slot} was granted; the limit is {limit}", name
+                ))
+            permits.extend(key_spans)
+        # A sweep over the permits' starts and ends, an end before a start at the
+        # same instant (a lease ending as the next begins is not an overlap).
+        changes = sorted(
+            [(span.acquired_at, 1) for span in permits] + [(span.end, -1) for span in permits],
+            key=lambda change: (change[0], change[1]),
+        )
+        live = 0
+        for moment, change in changes:
+            live += change
+            if live > limit:
+                violations.append(Violation(
+                    "permits_above_limit",
+                    f"{live} permits were live at {moment.isoformat()}; the limit is {limit}", name,
+                ))
+                break
+
+
+def _check_sets(ops: list[Op], events: Sequence[Event], violations: list[Violation]) -> None:
+    """A set is granted all or none: every key of a granted set, no key of a refused one."""
+    holders_granted: dict[str, set[str]] = defaultdict(set)
+    for row in events:
+        if row.get("type") == "grant_row":
+            holders_granted[str(row.get("holder", ""))].add(str(row["key"]))
+    for op in ops:
+        if op.op != "acquire_many":
+            continue
+        asked = set(op.result.get("keys") or [])
+        holder = str(op.result.get("holder", ""))
+        if op.ok:
+            granted = set((op.result.get("grants") or {}).keys())
+            if granted != asked:
+                violations.append(Violation(
+                    "set_partial",
+                    f"{op.id}: asked for {sorted(asked)}, granted {sorted(granted)}", holder,
+                ))
+        elif op.outcome == "refused" and holder and holders_granted.get(holder):
+            violations.append(Violation(
+                "set_partial",
+                f"{op.id}: refused, yet {sorted(holders_granted[holder])} were granted to {holder}",
+                holder,
+            ))
 
 
 def _grant_spans(ops: list[Op], events: Sequence[Event]) -> dict[str, list[GrantSpan]]:
@@ -309,7 +397,8 @@ def _grant_spans(ops: list[Op], events: Sequence[Event]) -> dict[str, list[Grant
             acquired, expires = _time(result.get("acquired_at")), _time(result.get("expires_at"))
             if acquired and expires:
                 spans[op.key][op.token] = GrantSpan(
-                    op.key, op.token, str(result.get("holder", op.worker)), acquired, expires
+                    op.key, op.token, str(result.get("holder", op.worker)), acquired, expires,
+                    mode=str(result.get("mode") or "exclusive"),
                 )
         span = spans[op.key].get(op.token)
         if span is None:
@@ -325,7 +414,7 @@ def _grant_spans(ops: list[Op], events: Sequence[Event]) -> dict[str, list[Grant
         assert acquired is not None and expires is not None
         spans[row["key"]][int(row["token"])] = GrantSpan(
             row["key"], int(row["token"]), str(row.get("holder", "")), acquired, expires,
-            _time(row.get("ended_at")),
+            _time(row.get("ended_at")), mode=str(row.get("mode") or "exclusive"),
         )
     return {key: list(by_token.values()) for key, by_token in spans.items()}
 

@@ -455,7 +455,7 @@ class ChaosRun:
             log.write({"type": "grant_row", "key": grant.lock.key, "token": grant.token,
                        "holder": grant.holder, "acquired_at": iso(grant.acquired_at),
                        "expires_at": iso(grant.expires_at), "ended_at": iso(grant.ended_at),
-                       "end_reason": grant.end_reason})
+                       "end_reason": grant.end_reason, "mode": grant.mode})
         for lock in Lock.objects.using(alias).filter(key__in=keys):
             log.write({"type": "lock_row", "key": lock.key, "token": lock.token})
         for account in Account.objects.using(alias).filter(pk__in=self.accounts):

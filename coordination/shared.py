@@ -1,0 +1,130 @@
+"""Shared (read) grants: many readers of a key at once, writers exclusive, all fenced.
+
+::
+
+    from coordination import locks
+    from coordination.shared import acquire_shared
+
+    reader = acquire_shared("report:7", holder="renderer-2", ttl=30)
+    try:
+        figures = read_figures()                     # many readers at once
+        with fence("report-cache:7", reader):        # refused once a writer wrote
+            store(render(figures))
+    finally:
+        locks.release(reader)
+
+    writer = locks.acquire("report:7", holder="importer", ttl=30)   # waits for no reader
+
+A reader's grant is a :class:`~coordination.leases.Lease` with ``mode``
+``"shared"`` and a token of the key's one counter: readers and writers of a
+key draw their tokens from the same strictly increasing sequence (rule 3 of
+docs/rules.md). A writer is granted only once no reader's lease runs, so its
+token is greater than every reader token issued before it, and a resource that
+accepted the writer's write refuses a reader's late, read-derived write
+(rules 1, 2 and 4). Writers use the ordinary ``locks.acquire``: their rules are
+unchanged. Renew, release, keep-alives, ``use_grant`` and the fences take a
+reader's lease as any lease.
+
+The grant point's side is :mod:`coordination.backends.shared`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+
+from . import signals
+from .backends import get_backend
+from .backends.shared import grant_shared
+from .conf import app_settings
+from .exceptions import LockHeld
+from .leases import Lease
+from .locks import _Pace, _release_quietly, _validate_seconds, _validate_ttl, await_grant
+from .logfields import LogFields
+from .models import Grant, validate_holder, validate_key
+
+__all__ = ["aacquire_shared", "acquire_shared"]
+
+logger = logging.getLogger("coordination.locks")
+
+
+def acquire_shared(
+    key: str,
+    *,
+    holder: str,
+    ttl: float | None = None,
+    wait: float = 0.0,
+    lock_delay: float | None = None,
+    using: str | None = None,
+) -> Lease:
+    """Grant ``key`` to ``holder`` as a reader (shared mode) for ``ttl`` seconds.
+
+    Granted while other readers hold ``key``, refused while a writer (an
+    ordinary ``locks.acquire``) holds it, its lock-delay runs, or a fair waiter
+    (``acquire(..., fair=True)``) is queued: a writer that must not wait behind
+    a stream of readers queues fairly. Returns a lease with ``mode="shared"``
+    and the key's next token, so every writer granted later holds a greater
+    token; the Grant row records the mode. While readers hold the key, the
+    lock's row shows them as one holder (``"2 shared holders"``) whose lease
+    ends with the last reader's, and writers are refused until then.
+
+    With ``wait`` > 0 the attempt is repeated (back-off with jitter, up to the
+    end of the writer's lease) until granted or ``wait`` seconds pass; readers
+    poll (no wake-ups, no fair queue of readers).
+
+    Raises ``LockHeld`` (who holds it, until when, ``retry_after``),
+    ``InvalidInput`` for a bad key, holder, ttl, wait or lock_delay,
+    ``TokenExhausted`` and ``InTransaction`` as ``locks.acquire`` does.
+    """
+    key = validate_key(key)
+    holder = validate_holder(holder)
+    lease_seconds = _validate_ttl(app_settings.DEFAULT_TTL if ttl is None else ttl)
+    wait = _validate_seconds(wait, "wait", upper=float(app_settings.MAX_WAIT))
+    delay = _validate_seconds(
+        app_settings.LOCK_DELAY if lock_delay is None else lock_delay,
+        "lock_delay", upper=float(app_settings.MAX_TTL),
+    )
+    backend = get_backend(using)
+    started = time.monotonic()
+    pace = _Pace(wait)
+    while True:
+        try:
+            lease, taken_over = grant_shared(backend, key, holder, lease_seconds, delay)
+            break
+        except LockHeld as held:
+            time.sleep(pace.pause(held))
+    if logger.isEnabledFor(logging.INFO):
+        logger.info(
+            "lock acquired %s",
+            LogFields(
+                key=key, token=lease.token, holder=holder, mode=lease.mode,
+                expires_at=lease.expires_at.isoformat(),
+            ),
+        )
+    if taken_over is not None:
+        signals.lock_expired.send(sender=Grant, key=key, **taken_over._asdict())
+    signals.lock_acquired.send(sender=Grant, grant=lease, waited=time.monotonic() - started)
+    return lease
+
+
+async def aacquire_shared(
+    key: str,
+    *,
+    holder: str,
+    ttl: float | None = None,
+    wait: float = 0.0,
+    lock_delay: float | None = None,
+    using: str | None = None,
+) -> Lease:
+    """``acquire_shared()`` for async code: the same grant, guarantees and errors.
+
+    Each attempt is one ``acquire_shared()`` call (``wait=0``) on the app's
+    thread pool; a grant made for a coroutine cancelled meanwhile is released
+    at once (``locks.await_grant``).
+    """
+
+    def attempt() -> Lease:
+        return acquire_shared(key, holder=holder, ttl=ttl, lock_delay=lock_delay, using=using)
+
+    return await await_grant(attempt, functools.partial(_release_quietly, using=using), wait)
