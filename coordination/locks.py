@@ -50,7 +50,7 @@ from . import aio, signals
 from .backends import get_backend
 from .backends.base import Acquired, GrantPoint, Listener
 from .conf import app_settings
-from .exceptions import InvalidInput, LeaseLost, LockHeld
+from .exceptions import GrantPointUnavailable, InvalidInput, LeaseLost, LockHeld
 from .leases import Lease
 from .logfields import LogFields
 from .models import (
@@ -176,10 +176,11 @@ def acquire(
     )
     backend = get_backend(using)
     started = time.monotonic()
-    if wait <= 0:
-        acquired = backend.acquire(key, holder, lease_seconds, delay, None)
-    else:
-        acquired = _wait_for_grant(backend, key, holder, lease_seconds, delay, wait, fair)
+    with _grant_point_call("acquire", key, using):
+        if wait <= 0:
+            acquired = backend.acquire(key, holder, lease_seconds, delay, None)
+        else:
+            acquired = _wait_for_grant(backend, key, holder, lease_seconds, delay, wait, fair)
     lease, taken_over = acquired
     if logger.isEnabledFor(logging.INFO):
         logger.info(
@@ -250,7 +251,8 @@ def renew(grant: Lease, *, ttl: float | None = None, using: str | None = None) -
     """
     seconds = _validate_ttl(app_settings.DEFAULT_TTL if ttl is None else ttl)
     try:
-        expires_at = get_backend(using).renew(grant, seconds)
+        with _grant_point_call("renew", grant.key, using):
+            expires_at = get_backend(using).renew(grant, seconds)
     except LeaseLost as lost:
         grant.mark_lost()
         logger.warning(
@@ -279,7 +281,8 @@ def release(grant: Lease, *, using: str | None = None) -> Lease:
     """
     if _leave(grant, using):
         return grant
-    ended = get_backend(using).release(grant)
+    with _grant_point_call("release", grant.key, using):
+        ended = get_backend(using).release(grant)
     grant.ended_at, grant.end_reason = ended.ended_at, ended.reason
     if ended.expired_at is not None:
         grant.mark_lost()
@@ -381,6 +384,31 @@ def _held_here() -> dict[tuple[str, str], _Reentry]:
         held = {}
         _reentries.set(held)
     return held
+
+
+@contextmanager
+def _grant_point_call(action: str, key: str, using: str | None) -> Iterator[None]:
+    """Turn a lost database connection into ``GrantPointUnavailable`` (outcome
+    unknown) and close the connection, so the next call connects again: with a
+    multi-host URL, to whichever server accepts writes now (a new primary)."""
+    from django.db import InterfaceError, OperationalError, connections
+
+    try:
+        yield
+    except (OperationalError, InterfaceError) as error:
+        alias = _alias(using)
+        connection = connections[alias]
+        if connection.in_atomic_block:
+            raise  # the caller's transaction owns the connection
+        with suppress(Exception):
+            connection.close()
+        raise GrantPointUnavailable(
+            f"the grant point's database ({alias!r}) failed during the {action} of {key!r}; "
+            f"the outcome is unknown: {error}".strip()
+            + (" No lease was returned: do not act as the holder; retry the acquire."
+               if action == "acquire" else " Treat the lease as possibly lost."),
+            action=action, key=key,
+        ) from error
 
 
 def _alias(using: str | None) -> str:
