@@ -200,13 +200,14 @@ start_node() { # start_node N
 
 # The cluster as Patroni sees it: one "name role state lag" line per member.
 members() {
-    local n
+    local n body
     for n in "${NODES[@]}"; do
-        if rest "$n" /cluster 2>/dev/null | "$(venv_dir)/bin/python" -c '
+        body=$(rest "$n" /cluster 2>/dev/null) || continue
+        if "$(venv_dir)/bin/python" -c '
 import json, sys
 for m in json.load(sys.stdin)["members"]:
     print(m["name"], m["role"], m["state"], m.get("lag", "-"), m.get("timeline", "-"))
-'; then
+' <<<"$body"; then
             return 0
         fi
     done
@@ -307,7 +308,7 @@ cmd_stop() {
 case ${1:-} in
 start) cmd_start ;;
 start-node) start_node "${2:?usage: bin/cluster.sh start-node N}" ;;
-status) members ;;
+status) members || die "no node answers (bin/cluster.sh start)" ;;
 url) url ;;
 mode) cmd_mode "${2:-}" ;;
 stop) cmd_stop ;;

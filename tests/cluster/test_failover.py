@@ -13,12 +13,14 @@ import threading
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 from django.db import DatabaseError, connections
 
 from coordination import locks
 from coordination.backends.postgresql import FAILOVER_MARGIN
+from coordination.checks import check_promotion_guard
 from coordination.exceptions import GrantPointUnavailable, LeaseLost, LockHeld, StaleToken
 from coordination.fencing import fence
 from coordination.leases import Lease
@@ -142,6 +144,16 @@ def _assert_tokens_increase(workload: Workload) -> None:
     for index in range(workload.threads):
         tokens = workload.tokens(f"failover:{index}")
         assert tokens == sorted(set(tokens)), f"tokens of failover:{index} repeat or go back: {tokens}"
+
+
+def test_check_warns_of_async_replicas_without_a_promotion_guard(
+    cluster_db: Cluster, settings: Any
+) -> None:
+    cluster_db.wait_healthy()
+    assert check_promotion_guard(databases=[DB]) == []
+    settings.COORDINATION = {**settings.COORDINATION, "GRANT_POINT": "orm"}
+    [warning] = check_promotion_guard(databases=[DB])
+    assert warning.id == "coordination.W006" and "ORM grant point" in warning.msg
 
 
 def test_async_failover_never_reissues_a_token_and_revokes_every_lease(cluster_db: Cluster) -> None:
