@@ -398,8 +398,8 @@ def _grant_point_call(action: str, key: str, using: str | None) -> Iterator[None
     except (OperationalError, InterfaceError) as error:
         alias = _alias(using)
         connection = connections[alias]
-        if connection.in_atomic_block:
-            raise  # the caller's transaction owns the connection
+        if connection.in_atomic_block or not _connection_lost(connection, error):
+            raise  # the caller's transaction owns the connection; or a statement's own error
         with suppress(Exception):
             connection.close()
         raise GrantPointUnavailable(
@@ -409,6 +409,21 @@ def _grant_point_call(action: str, key: str, using: str | None) -> Iterator[None
                if action == "acquire" else " Treat the lease as possibly lost."),
             action=action, key=key,
         ) from error
+
+
+# SQLSTATEs of a server that went away or is not the one to write to: class 08
+# (connection exception), and shut down / crashed / starting up (57P01-57P03).
+_LOST = ("08", "57P01", "57P02", "57P03")
+
+
+def _connection_lost(connection: Any, error: BaseException) -> bool:
+    """True if ``error`` means the connection is gone (not, say, a deadlock or a
+    statement timeout, whose outcome is known: nothing was granted)."""
+    raw = connection.connection
+    if raw is None or getattr(raw, "closed", False):
+        return True
+    sqlstate = getattr(error.__cause__, "sqlstate", None)
+    return sqlstate is None or sqlstate.startswith(_LOST)
 
 
 def _alias(using: str | None) -> str:
