@@ -364,7 +364,7 @@ def install(
     grant: type[models.Model],
     ticket: type[models.Model],
     floor: type[models.Model] | None,
-    fence: type[models.Model] | None = None,
+    guard: bool | None = None,
 ) -> None:
     """Create the functions on ``connection`` for these models' tables (the
     app's own, or a migration's historical ones). They are dropped first, so
@@ -372,26 +372,30 @@ def install(
 
     ``floor`` is the token floor's model; None where the schema has no floor
     table yet (migrations 0006 and 0007): the acquire then reads the floor as 0.
-    ``fence`` is the Fence model, given from migration 0012 on (the floor's row
-    records the timeline from then): the acquire then runs the promotion guard
-    first (CREATE_FAILOVER_GUARD_FUNCTION).
+    ``guard``: whether the acquire runs the promotion guard first
+    (CREATE_FAILOVER_GUARD_FUNCTION); by default, wherever the floor's row can
+    record a timeline (its ``timeline`` column, from migration 0012 on), so a
+    later migration that re-creates the functions keeps it.
     """
     tables = {"lock": lock, "grant": grant, "ticket": ticket}
     read_floor = NO_FLOOR
     if floor is not None:
         tables["floor"] = floor
         read_floor = READ_FLOOR
+    if guard is None:
+        guard = floor is not None and any(f.name == "timeline" for f in floor._meta.fields)
     templates = list(CREATE_FUNCTIONS)
-    guard = ""
-    if fence is not None and floor is not None:
-        tables["fence"] = fence
+    run_guard = ""
+    if guard and floor is not None:
+        # The Fence model of the same registry (the app's, or the migration's state).
+        tables["fence"] = floor._meta.apps.get_model("coordination", "Fence")
         templates.insert(0, CREATE_FAILOVER_GUARD_FUNCTION)
-        guard = GUARD
+        run_guard = GUARD
     with connection.cursor() as cursor:
         for statement in DROP_FUNCTIONS:
             cursor.execute(statement)
         for template in templates:
-            filled = template.replace("{read_floor}", read_floor).replace("{guard}", guard)
+            filled = template.replace("{read_floor}", read_floor).replace("{guard}", run_guard)
             cursor.execute(format_sql(filled, connection, tables=tables))
 
 
@@ -402,7 +406,7 @@ def install_if_permitted(
     grant: type[models.Model],
     ticket: type[models.Model],
     floor: type[models.Model] | None,
-    fence: type[models.Model] | None = None,
+    guard: bool | None = None,
 ) -> bool:
     """:func:`install`, unless the database refuses the app the right to create
     functions: then the migration goes on without them (False), and the grant
@@ -412,7 +416,7 @@ def install_if_permitted(
         # A savepoint: the refused statement must not abort the migration's
         # own transaction.
         with transaction.atomic(using=connection.alias):
-            install(connection, lock=lock, grant=grant, ticket=ticket, floor=floor, fence=fence)
+            install(connection, lock=lock, grant=grant, ticket=ticket, floor=floor, guard=guard)
     except DatabaseError as error:
         if _sqlstate(error) != INSUFFICIENT_PRIVILEGE:
             raise
@@ -427,9 +431,9 @@ def install_if_permitted(
 def install_for_models(connection: BaseDatabaseWrapper) -> None:
     """Create the functions for the app's current tables on ``connection``
     (for schemas made without migrations, such as the benchmark's)."""
-    from ..models import Fence, Grant, Lock, Ticket, TokenFloor
+    from ..models import Grant, Lock, Ticket, TokenFloor
 
-    install(connection, lock=Lock, grant=Grant, ticket=Ticket, floor=TokenFloor, fence=Fence)
+    install(connection, lock=Lock, grant=Grant, ticket=Ticket, floor=TokenFloor)
 
 
 def drop(connection: BaseDatabaseWrapper) -> None:

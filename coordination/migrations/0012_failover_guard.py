@@ -24,7 +24,7 @@ def _install(apps, schema_editor, *, guard):
         grant=apps.get_model("coordination", "Grant"),
         ticket=apps.get_model("coordination", "Ticket"),
         floor=apps.get_model("coordination", "TokenFloor"),
-        fence=apps.get_model("coordination", "Fence") if guard else None,
+        guard=guard,
     )
     if installed and guard:
         floor = apps.get_model("coordination", "TokenFloor")
