@@ -21,7 +21,7 @@ SUPPORTED_VENDORS = {"postgresql", "sqlite"}
 # Checks that read only settings and code are registered without the ``database``
 # tag, so plain ``manage.py check``, ``runserver``, ``migrate`` and a fenced Celery
 # worker's start run them (Django runs database-tagged checks only when asked to
-# with ``check --database``). Only W004 reads the database.
+# with ``check --database``). Only W004, W005 and W006 read the database.
 
 SQLITE_OPTIONS = {"transaction_mode": "IMMEDIATE", "timeout": 30, "init_command": "PRAGMA journal_mode=WAL;"}
 
@@ -521,3 +521,52 @@ def check_watermark_triggers(
             for watermark in absent
         )
     return messages
+
+
+@register(Tags.database)
+def check_promotion_guard(
+    app_configs: Sequence[AppConfig] | None = None,
+    databases: Sequence[str] | None = None,
+    **kwargs: Any,
+) -> list[CheckMessage]:
+    """W006: the grant point's database streams to replicas asynchronously, and no
+    promotion guard runs in its grants (the ORM grant point, or migration 0012 not
+    applied): after a failover to a replica that missed the last grants, their
+    tokens would be issued again (docs/high-availability.md).
+
+    A database check: it runs with ``manage.py check --database default``.
+    """
+    from django.db import DatabaseError, connections
+
+    from .backends import get_backend
+    from .backends.postgresql import FAILOVER_GUARD_FUNCTION
+
+    alias = app_settings.DATABASE
+    if not databases or alias not in databases or connections[alias].vendor != "postgresql":
+        return []
+    try:
+        with connections[alias].cursor() as cursor:
+            cursor.execute(
+                "SELECT (SELECT count(*) FROM pg_stat_replication), "
+                "current_setting('synchronous_standby_names') <> '' "
+                "AND current_setting('synchronous_commit') NOT IN ('off', 'local'), "
+                f"to_regprocedure('{FAILOVER_GUARD_FUNCTION}(bigint, bigint)') IS NOT NULL"
+            )
+            replicas, synchronous, guard_installed = cursor.fetchone()
+    except DatabaseError:  # not reachable: nothing to say about it
+        return []
+    guarded = guard_installed and get_backend(alias).name == "postgresql"
+    if not replicas or synchronous or guarded:
+        return []
+    why = (
+        "the ORM grant point (GRANT_POINT = 'orm') has none" if guard_installed
+        else "its grant functions have none (migration 0012 is not applied)"
+    )
+    return [Warning(
+        f"Database {alias!r} streams to {replicas} replica(s) asynchronously and {why}: a "
+        "failover to a replica that missed the last grants would issue their tokens again.",
+        hint="Run manage.py migrate and use the function grant point (the default), or "
+        "replicate synchronously (Patroni synchronous_mode_strict); see "
+        "docs/high-availability.md.",
+        id="coordination.W006",
+    )]

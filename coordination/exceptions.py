@@ -193,6 +193,24 @@ class TokenExhausted(CoordinationError):
     default_detail = "The lock has issued its last token; use a new key."
 
 
+class GrantPointUnavailable(CoordinationError):
+    """The grant point's database connection failed during the call (a failover,
+    a restart, the network): the outcome is unknown.
+
+    An acquire that raises this returned no lease, so the caller does not hold
+    the lock, whatever the database did: if the grant committed before the
+    connection was cut, nobody holds its lease id, and it ends at its TTL (or
+    when the promotion guard revokes it on a new primary). A renew or release
+    that raises this leaves the lease as it was; act as if it may be lost.
+    The broken connection is closed, so a retry connects again (to the new
+    primary, with a multi-host URL and ``target_session_attrs=read-write``).
+    """
+
+    code = "grant_point_unavailable"
+    status_code = 503
+    default_detail = "The grant point's database is unavailable; retry later."
+
+
 class NoGrant(CoordinationError):
     """A fenced write was attempted with no grant passed and none in context."""
 

@@ -51,7 +51,7 @@ from .backends import get_backend
 from .backends.base import Acquired, GrantPoint, Listener
 from .backends.shared import close_revoked_readers, release_shared, renew_shared
 from .conf import app_settings
-from .exceptions import InvalidInput, LeaseLost, LockHeld
+from .exceptions import GrantPointUnavailable, InvalidInput, LeaseLost, LockHeld
 from .leases import Lease
 from .logfields import LogFields
 from .models import (
@@ -178,10 +178,11 @@ def acquire(
     )
     backend = get_backend(using)
     started = time.monotonic()
-    if wait <= 0:
-        acquired = backend.acquire(key, holder, lease_seconds, delay, None)
-    else:
-        acquired = _wait_for_grant(backend, key, holder, lease_seconds, delay, wait, fair)
+    with _grant_point_call("acquire", key, using):
+        if wait <= 0:
+            acquired = backend.acquire(key, holder, lease_seconds, delay, None)
+        else:
+            acquired = _wait_for_grant(backend, key, holder, lease_seconds, delay, wait, fair)
     lease, taken_over = acquired
     if logger.isEnabledFor(logging.INFO):
         logger.info(
@@ -254,10 +255,11 @@ def renew(grant: Lease, *, ttl: float | None = None, using: str | None = None) -
     seconds = _validate_ttl(app_settings.DEFAULT_TTL if ttl is None else ttl)
     backend = get_backend(using)
     try:
-        if grant.mode == GrantMode.SHARED:
-            expires_at = renew_shared(backend, grant, seconds)
-        else:
-            expires_at = backend.renew(grant, seconds)
+        with _grant_point_call("renew", grant.key, using):
+            if grant.mode == GrantMode.SHARED:
+                expires_at = renew_shared(backend, grant, seconds)
+            else:
+                expires_at = backend.renew(grant, seconds)
     except LeaseLost as lost:
         grant.mark_lost()
         logger.warning(
@@ -287,9 +289,11 @@ def release(grant: Lease, *, using: str | None = None) -> Lease:
     if _leave(grant, using):
         return grant
     backend = get_backend(using)
-    ended = (
-        release_shared(backend, grant) if grant.mode == GrantMode.SHARED else backend.release(grant)
-    )
+    with _grant_point_call("release", grant.key, using):
+        ended = (
+            release_shared(backend, grant) if grant.mode == GrantMode.SHARED
+            else backend.release(grant)
+        )
     grant.ended_at, grant.end_reason = ended.ended_at, ended.reason
     if ended.expired_at is not None:
         grant.mark_lost()
@@ -398,6 +402,46 @@ def _held_here() -> dict[tuple[str, str], _Reentry]:
         held = {}
         _reentries.set(held)
     return held
+
+
+@contextmanager
+def _grant_point_call(action: str, key: str, using: str | None) -> Iterator[None]:
+    """Turn a lost database connection into ``GrantPointUnavailable`` (outcome
+    unknown) and close the connection, so the next call connects again: with a
+    multi-host URL, to whichever server accepts writes now (a new primary)."""
+    from django.db import InterfaceError, OperationalError, connections
+
+    try:
+        yield
+    except (OperationalError, InterfaceError) as error:
+        alias = _alias(using)
+        connection = connections[alias]
+        if connection.in_atomic_block or not _connection_lost(connection, error):
+            raise  # the caller's transaction owns the connection; or a statement's own error
+        with suppress(Exception):
+            connection.close()
+        raise GrantPointUnavailable(
+            f"the grant point's database ({alias!r}) failed during the {action} of {key!r}; "
+            f"the outcome is unknown: {error}".strip()
+            + (" No lease was returned: do not act as the holder; retry the acquire."
+               if action == "acquire" else " Treat the lease as possibly lost."),
+            action=action, key=key,
+        ) from error
+
+
+# SQLSTATEs of a server that went away or is not the one to write to: class 08
+# (connection exception), and shut down / crashed / starting up (57P01-57P03).
+_LOST = ("08", "57P01", "57P02", "57P03")
+
+
+def _connection_lost(connection: Any, error: BaseException) -> bool:
+    """True if ``error`` means the connection is gone (not, say, a deadlock or a
+    statement timeout, whose outcome is known: nothing was granted)."""
+    raw = connection.connection
+    if raw is None or getattr(raw, "closed", False):
+        return True
+    sqlstate = getattr(error.__cause__, "sqlstate", None)
+    return sqlstate is None or sqlstate.startswith(_LOST)
 
 
 def _alias(using: str | None) -> str:

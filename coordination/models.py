@@ -273,6 +273,9 @@ class TokenFloor(models.Model):
         help_text=_("No key is issued a token at or below this one."),
     )
     raised_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # The PostgreSQL timeline the grant point last granted on: a grant that finds
+    # another one runs the promotion guard first (migration 0012). Null: none yet.
+    timeline = models.IntegerField(null=True, blank=True, editable=False)
 
     objects = TokenFloorQuerySet.as_manager()
 

@@ -10,6 +10,7 @@ directory's marker, so ``pytest -m unit`` runs the part that needs no database:
   tests/processes/    real ``celery worker`` processes, the demo, chaos, bench,
                       other subprocesses
   tests/browser/      Chromium driven by Playwright
+  tests/cluster/      a Patroni + etcd PostgreSQL cluster (bin/cluster.sh), failovers
   tests/support/      helpers, factories, worker settings (no tests)
 
 Two marks say why a test does not run on every leg (see tests/support/legs.py):
@@ -35,11 +36,13 @@ from .support.legs import LEGS, current_leg
 from .support.waiting import run_in_threads
 
 TESTS = Path(__file__).resolve().parent
-KINDS = ("unit", "db", "concurrency", "processes", "browser")
+KINDS = ("unit", "db", "concurrency", "processes", "browser", "cluster")
 # Seconds a test may take (pytest-timeout, setup included) before it fails as
 # hung: several times the slowest test of each directory on a loaded 2-core
 # machine. A test that needs more says so with @pytest.mark.timeout(...).
-TIMEOUTS = {"unit": 60, "db": 120, "concurrency": 180, "processes": 600, "browser": 300}
+TIMEOUTS = {
+    "unit": 60, "db": 120, "concurrency": 180, "processes": 600, "browser": 300, "cluster": 300,
+}
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -49,6 +52,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "concurrency": "threads or processes with their own connections (tests/concurrency/)",
         "processes": "celery workers, the demo, chaos and bench subprocesses (tests/processes/)",
         "browser": "Chromium and Playwright (tests/browser/)",
+        "cluster": "a Patroni + etcd PostgreSQL cluster (tests/cluster/)",
     }.items():
         config.addinivalue_line("markers", f"{kind}: needs {needs}; set from the directory")
 

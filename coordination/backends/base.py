@@ -416,6 +416,13 @@ class GrantPoint(abc.ABC):
         assert isinstance(value, dt.datetime)
         return value.astimezone(dt.UTC)
 
+    def guard_promotion(self) -> None:
+        """Inside a grant's transaction, before any row is locked: run the promotion
+        guard where the backend has one (PostgreSQL's functions; see
+        docs/high-availability.md), so grants made outside the acquire function
+        (readers' shared grants) never reuse a token after a failover either."""
+        return None  # no guard: SQLite, and the portable ORM grant point
+
     @contextmanager
     def transaction(self) -> Iterator[BaseDatabaseWrapper]:
         """A transaction of the grant point's own, committed when the block ends."""

@@ -62,6 +62,8 @@ from .orm import OrmGrantPoint
 __all__ = [
     "ACQUIRE_FUNCTION",
     "DROP_FUNCTIONS",
+    "FAILOVER_GUARD_FUNCTION",
+    "FAILOVER_MARGIN",
     "RELEASE_FUNCTION",
     "PostgreSQLGrantPoint",
     "PostgreSQLOrmGrantPoint",
@@ -101,7 +103,7 @@ CREATE OR REPLACE FUNCTION coordination_acquire(
 DECLARE
     v_prev bigint;
     v_floor bigint;
-BEGIN
+BEGIN{guard}
     token_floor := {read_floor};
     -- Without a ticket (p_ticket = p_max_token) every live ticket of the key is
     -- ahead: nobody barges past fair waiters. A floor at the largest token
@@ -194,6 +196,87 @@ END
 $fn$
 """
 
+# The promotion guard (migration 0012; docs/high-availability.md). With
+# asynchronous replication a promoted replica may have missed the last grants of
+# the old primary: the same tokens would be issued again. PostgreSQL gives every
+# promotion a new timeline, and the grant point records in the token floor's row
+# the timeline it last granted on. The first grant on a new timeline, before it
+# issues anything, raises the floor past every token the old primary can have
+# issued, revokes every lease and closes every Fence row's watermark at the new
+# floor, all in the grant's own transaction, holding the floor's row lock, so
+# concurrent first grants do it once (the others wait, then find the timeline
+# recorded and the raised floor committed).
+#
+# The bound: the old primary can have issued at most one token per grant it
+# committed and the replica never received. Patroni promotes only a replica
+# whose lag is below maximum_lag_on_failover (1 MiB by default) as last
+# reported, plus what the old primary wrote in its last loop_wait; a grant
+# writes well over 100 bytes of WAL (the lock row, the grant row, the commit),
+# so that is thousands to a few million grants, far below FAILOVER_MARGIN.
+#
+# The current timeline costs one shared-memory read: it is the first eight hex
+# digits of the name of the WAL file being written (pg_walfile_name uses the
+# WAL insertion timeline, which changes when the promotion ends, before the
+# server accepts writes; pg_control_checkpoint() would lag until the first
+# checkpoint on the new timeline). Every grant pays that and a primary-key read
+# of the floor's row; a missing row (a flushed test database) records nothing.
+FAILOVER_GUARD_FUNCTION = "coordination_failover_guard"
+FAILOVER_MARGIN = 1_000_000_000
+CREATE_FAILOVER_GUARD_FUNCTION = """
+CREATE OR REPLACE FUNCTION coordination_failover_guard(p_margin bigint, p_max_token bigint)
+RETURNS void LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+    v_timeline integer;
+    v_recorded integer;
+    v_floor bigint;
+    v_top bigint;
+    v_now timestamptz;
+    v_revoked bigint;
+BEGIN
+    v_timeline := ('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::integer;
+    SELECT f.timeline INTO v_recorded FROM {floor} AS f WHERE f.id = 1;
+    IF NOT FOUND OR v_recorded = v_timeline THEN
+        RETURN;
+    END IF;
+    -- A new timeline (or none recorded yet): decide again under the row lock.
+    SELECT f.timeline, f.token INTO v_recorded, v_floor FROM {floor} AS f
+    WHERE f.id = 1 FOR UPDATE;
+    IF v_recorded = v_timeline THEN
+        RETURN;  -- another first grant did it and committed
+    END IF;
+    IF v_recorded IS NULL THEN
+        -- Nothing recorded since the row was made: no grant to have missed.
+        UPDATE {floor} AS f SET timeline = v_timeline WHERE f.id = 1;
+        RETURN;
+    END IF;
+    v_now := clock_timestamp();
+    SELECT GREATEST(v_floor, COALESCE(max(l.token), 0)) INTO v_top FROM {lock} AS l;
+    v_floor := CASE WHEN v_top > p_max_token - p_margin THEN p_max_token
+        ELSE v_top + p_margin END;
+    -- Every lease ends: its holder may have been granted on the old primary,
+    -- and its token is now at or below the floor.
+    UPDATE {grant} AS g SET ended_at = LEAST(v_now, g.expires_at),
+        end_reason = CASE WHEN g.expires_at > v_now THEN 'revoked' ELSE 'expired' END
+    FROM {lock} AS l
+    WHERE g.lock_id = l.id AND g.token = l.token AND g.ended_at IS NULL AND l.holder <> '';
+    UPDATE {lock} AS l SET holder = '', lease_hash = '', acquired_at = NULL,
+        expires_at = NULL,
+        delay_until = CASE WHEN l.lock_delay > 0
+            THEN v_now + make_interval(secs => l.lock_delay) END
+    WHERE l.holder <> '';
+    GET DIAGNOSTICS v_revoked = ROW_COUNT;
+    -- Every watermark closed at the new floor: no token from before writes again.
+    UPDATE {fence} AS w SET token = v_floor, step = p_max_token, updated_at = v_now
+    WHERE w.token < v_floor OR (w.token = v_floor AND w.step < p_max_token);
+    UPDATE {floor} AS f SET token = v_floor, raised_at = v_now, timeline = v_timeline
+    WHERE f.id = 1;
+    RAISE LOG 'coordination: promotion to timeline % (from %): token floor raised to %, % leases revoked',
+        v_timeline, v_recorded, v_floor, v_revoked;
+END
+$fn$
+"""
+GUARD = f"\n    PERFORM {FAILOVER_GUARD_FUNCTION}({FAILOVER_MARGIN}, p_max_token);"
+
 # How the acquire function reads the token floor: its one row, 0 if the row is
 # missing (TokenFloor.objects.value() reads it the same way).
 READ_FLOOR = "COALESCE((SELECT f.token FROM {floor} AS f WHERE f.id = 1), 0)"
@@ -249,6 +332,7 @@ DROP_FUNCTIONS = (
     "DROP FUNCTION IF EXISTS coordination_acquire("
     "text, text, text, double precision, double precision, bigint, bigint)",
     "DROP FUNCTION IF EXISTS coordination_release(text, bigint, text, boolean, text)",
+    "DROP FUNCTION IF EXISTS coordination_failover_guard(bigint, bigint)",
 )
 
 ACQUIRE = f"SELECT * FROM {ACQUIRE_FUNCTION}(%s, %s, %s, %s, %s, %s, %s)"
@@ -280,6 +364,7 @@ def install(
     grant: type[models.Model],
     ticket: type[models.Model],
     floor: type[models.Model] | None,
+    guard: bool | None = None,
 ) -> None:
     """Create the functions on ``connection`` for these models' tables (the
     app's own, or a migration's historical ones). They are dropped first, so
@@ -287,18 +372,31 @@ def install(
 
     ``floor`` is the token floor's model; None where the schema has no floor
     table yet (migrations 0006 and 0007): the acquire then reads the floor as 0.
+    ``guard``: whether the acquire runs the promotion guard first
+    (CREATE_FAILOVER_GUARD_FUNCTION); by default, wherever the floor's row can
+    record a timeline (its ``timeline`` column, from migration 0012 on), so a
+    later migration that re-creates the functions keeps it.
     """
     tables = {"lock": lock, "grant": grant, "ticket": ticket}
     read_floor = NO_FLOOR
     if floor is not None:
         tables["floor"] = floor
         read_floor = READ_FLOOR
+    if guard is None:
+        guard = floor is not None and any(f.name == "timeline" for f in floor._meta.fields)
+    templates = list(CREATE_FUNCTIONS)
+    run_guard = ""
+    if guard and floor is not None:
+        # The Fence model of the same registry (the app's, or the migration's state).
+        tables["fence"] = floor._meta.apps.get_model("coordination", "Fence")
+        templates.insert(0, CREATE_FAILOVER_GUARD_FUNCTION)
+        run_guard = GUARD
     with connection.cursor() as cursor:
         for statement in DROP_FUNCTIONS:
             cursor.execute(statement)
-        for template in CREATE_FUNCTIONS:
-            with_floor = template.replace("{read_floor}", read_floor)
-            cursor.execute(format_sql(with_floor, connection, tables=tables))
+        for template in templates:
+            filled = template.replace("{read_floor}", read_floor).replace("{guard}", run_guard)
+            cursor.execute(format_sql(filled, connection, tables=tables))
 
 
 def install_if_permitted(
@@ -308,6 +406,7 @@ def install_if_permitted(
     grant: type[models.Model],
     ticket: type[models.Model],
     floor: type[models.Model] | None,
+    guard: bool | None = None,
 ) -> bool:
     """:func:`install`, unless the database refuses the app the right to create
     functions: then the migration goes on without them (False), and the grant
@@ -317,7 +416,7 @@ def install_if_permitted(
         # A savepoint: the refused statement must not abort the migration's
         # own transaction.
         with transaction.atomic(using=connection.alias):
-            install(connection, lock=lock, grant=grant, ticket=ticket, floor=floor)
+            install(connection, lock=lock, grant=grant, ticket=ticket, floor=floor, guard=guard)
     except DatabaseError as error:
         if _sqlstate(error) != INSUFFICIENT_PRIVILEGE:
             raise
@@ -476,6 +575,9 @@ class PostgreSQLGrantPoint(PostgreSQLOrmGrantPoint):
                 "Run migrate; if the app may not create functions there, set "
                 "COORDINATION['GRANT_POINT'] = 'orm'."
             ) from error
+
+    def guard_promotion(self) -> None:
+        self.call(f"SELECT {FAILOVER_GUARD_FUNCTION}(%s, %s)", (FAILOVER_MARGIN, MAX_TOKEN))
 
     def acquire(
         self, key: str, holder: str, ttl: float, lock_delay: float, ticket: int | None

@@ -86,6 +86,7 @@ def grant_shared(point: GrantPoint, key: str, holder: str, ttl: float, lock_dela
     """
     alias = point.alias
     with point.transaction():
+        point.guard_promotion()  # first, as the acquire function runs it: same lock order
         lock = _locked_row(point, key, create=True)
         assert lock is not None
         now = point.now()

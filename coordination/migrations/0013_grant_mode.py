@@ -12,7 +12,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ("coordination", "0011_acquire_rereads_floor"),
+        ("coordination", "0012_failover_guard"),
     ]
 
     operations = [

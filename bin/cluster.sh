@@ -1,0 +1,318 @@
+#!/usr/bin/env bash
+# A throwaway PostgreSQL HA cluster on loopback: etcd and three PostgreSQL 15
+# nodes managed by Patroni, for the cluster tests (tests/cluster/) and by hand.
+#
+#   bin/cluster.sh start          start etcd and the three nodes; wait until one
+#                                 leader and two streaming replicas; print the URL
+#   bin/cluster.sh start-node N   start node N's Patroni again (after a kill)
+#   bin/cluster.sh status         the members as Patroni sees them
+#   bin/cluster.sh url            the multi-host URL the app connects with
+#   bin/cluster.sh mode sync|async   synchronous_mode (strict) on or off
+#   bin/cluster.sh stop           stop the nodes and etcd, remove their data
+#   bin/cluster.sh venv           print where Patroni's virtualenv must be
+#
+# It installs nothing: bin/test installs Debian's etcd-server and creates the
+# Patroni virtualenv (requirements/ha.txt) when the cluster tests run; by hand:
+#   apt-get install etcd-server
+#   python3.11 -m venv "$(bin/cluster.sh venv)" && "$(bin/cluster.sh venv)/bin/pip" install -r requirements/ha.txt
+#
+# PostgreSQL refuses to run as root, so as root the nodes (and Patroni, which
+# starts them) run as the `postgres` user. Everything lives in one directory,
+# /tmp/coordination-ha-<etcd port>, removed by stop.
+#
+# Ports (environment): COORDINATION_HA_ETCD_PORT (23790; peer port +10),
+# COORDINATION_HA_REST_PORT (8031: nodes 8031-8033),
+# COORDINATION_HA_PG_PORT (55431: nodes 55431-55433).
+set -euo pipefail
+
+# shellcheck source=bin/_bootstrap.sh
+source "$(dirname "${BASH_SOURCE[0]}")/_bootstrap.sh"
+
+ETCD_PORT=${COORDINATION_HA_ETCD_PORT:-23790}
+ETCD_PEER_PORT=$((ETCD_PORT + 10))
+REST_PORT=${COORDINATION_HA_REST_PORT:-8031}
+PG_PORT=${COORDINATION_HA_PG_PORT:-55431}
+NODES=(1 2 3)
+ROOT=${TMPDIR:-/tmp}/coordination-ha-$ETCD_PORT
+PG_BIN=${COORDINATION_PG_BIN:-/usr/lib/postgresql/15/bin}
+SCOPE=coordination-ha
+START_TIMEOUT=${COORDINATION_HA_START_TIMEOUT:-120}
+
+
+as_owner() {
+    if [[ $EUID -eq 0 ]]; then
+        (cd / && runuser -u postgres -- "$@")
+    else
+        "$@"
+    fi
+}
+
+# Patroni's virtualenv: in the checkout if the owner can run it from there,
+# else in /tmp (a checkout under /root is out of the postgres user's reach).
+venv_dir() {
+    if [[ -n "${COORDINATION_HA_VENV:-}" ]]; then
+        echo "$COORDINATION_HA_VENV"
+    elif [[ $EUID -ne 0 ]] || (cd / && runuser -u postgres -- test -x "$REPO_ROOT") 2>/dev/null; then
+        echo "$REPO_ROOT/.venv-ha"
+    else
+        echo "${TMPDIR:-/tmp}/coordination-ha-venv"
+    fi
+}
+
+url() {
+    local hosts="" ports="" n
+    for n in "${NODES[@]}"; do
+        hosts+="127.0.0.1,"
+        ports+="$((PG_PORT + n - 1)),"
+    done
+    # libpq's multi-host form: it tries each host in turn and keeps the one
+    # that accepts writes.
+    printf 'postgres://coordination@%s/coordination?target_session_attrs=read-write\n' \
+        "$(paste -d: <(tr ',' '\n' <<<"${hosts%,}") <(tr ',' '\n' <<<"${ports%,}") | paste -sd,)"
+}
+
+rest() { # rest N PATH [curl args...]: a call to node N's REST API
+    local n=$1 path=$2
+    shift 2
+    curl -fsS --max-time 3 "$@" "http://127.0.0.1:$((REST_PORT + n - 1))$path"
+}
+
+etcd_ok() { curl -fsS --max-time 2 "http://127.0.0.1:$ETCD_PORT/health" 2>/dev/null | grep -q '"health":"true"'; }
+
+start_etcd() {
+    if etcd_ok; then
+        info "etcd: already running on 127.0.0.1:$ETCD_PORT"
+        return 0
+    fi
+    command -v etcd >/dev/null || die "etcd not found: apt-get install etcd-server"
+    mkdir -p "$ROOT/etcd"
+    info "etcd: starting on 127.0.0.1:$ETCD_PORT (log $ROOT/etcd.log)"
+    # The pid is written by the process itself: setsid may fork, so $! would
+    # be the pid of a parent that is gone.
+    setsid sh -c 'echo $$ >"$1"; shift; exec "$@"' sh "$ROOT/etcd.pid" etcd --name ha --data-dir "$ROOT/etcd/data" \
+        --listen-client-urls "http://127.0.0.1:$ETCD_PORT" \
+        --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
+        --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
+        --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
+        --initial-cluster "ha=http://127.0.0.1:$ETCD_PEER_PORT" \
+        --enable-v2=false </dev/null >>"$ROOT/etcd.log" 2>&1 &
+    local i
+    for ((i = 0; i < 100; i++)); do
+        etcd_ok && return 0
+        sleep 0.2
+    done
+    tail -n 20 "$ROOT/etcd.log" >&2
+    die "etcd did not become healthy (log $ROOT/etcd.log)"
+}
+
+write_config() { # write_config N
+    local n=$1 dir="$ROOT/node$1"
+    mkdir -p "$dir"
+    cat >"$dir/patroni.yml" <<EOF
+# Written by bin/cluster.sh.
+scope: $SCOPE
+namespace: /coordination-ha/
+name: node$n
+log:
+  level: INFO
+restapi:
+  listen: 127.0.0.1:$((REST_PORT + n - 1))
+  connect_address: 127.0.0.1:$((REST_PORT + n - 1))
+etcd3:
+  hosts: 127.0.0.1:$ETCD_PORT
+bootstrap:
+  dcs:
+    # A dead leader's key expires after ttl seconds: the failover time.
+    ttl: 20
+    loop_wait: 1
+    retry_timeout: 5
+    maximum_lag_on_failover: 1048576
+    synchronous_mode: false
+    postgresql:
+      use_pg_rewind: true
+      use_slots: true
+      parameters:
+        max_connections: 100
+        wal_level: replica
+        hot_standby: "on"
+        wal_log_hints: "on"
+        max_wal_senders: 10
+        max_replication_slots: 10
+        wal_keep_size: 128MB
+        fsync: "on"
+  initdb:
+    - encoding: UTF8
+    - no-locale
+  pg_hba:
+    - local all all trust
+    - host replication replicator 127.0.0.1/32 trust
+    - host all all 127.0.0.1/32 trust
+  post_bootstrap: $dir/post_bootstrap.sh
+postgresql:
+  listen: 127.0.0.1:$((PG_PORT + n - 1))
+  connect_address: 127.0.0.1:$((PG_PORT + n - 1))
+  data_dir: $dir/data
+  # A replica clones the leader with pg_basebackup: without a fast checkpoint it
+  # waits for a spread one (a minute and more).
+  basebackup:
+    - checkpoint: fast
+  bin_dir: $PG_BIN
+  pgpass: $dir/pgpass
+  authentication:
+    superuser:
+      username: coordination
+      password: coordination
+    replication:
+      username: replicator
+      password: replicator
+    rewind:
+      username: coordination
+      password: coordination
+  parameters:
+    unix_socket_directories: $dir
+tags:
+  nofailover: false
+  noloadbalance: false
+EOF
+    # Runs once, on the node that initialises the cluster.
+    cat >"$dir/post_bootstrap.sh" <<EOF
+#!/bin/sh
+exec "$PG_BIN/psql" -X -q -h 127.0.0.1 -p $((PG_PORT + n - 1)) -U coordination -d postgres -c 'CREATE DATABASE coordination'
+EOF
+    chmod 755 "$dir/post_bootstrap.sh"
+}
+
+start_node() { # start_node N
+    local n=$1 dir="$ROOT/node$1" venv
+    venv=$(venv_dir)
+    [[ -x $venv/bin/patroni ]] || die "Patroni not found in $venv: bin/test creates it (requirements/ha.txt)"
+    [[ -x $PG_BIN/initdb ]] || die "PostgreSQL 15 not found in $PG_BIN: apt-get install postgresql-15"
+    [[ -f $dir/patroni.yml ]] || write_config "$n"
+    [[ $EUID -eq 0 ]] && chown -R postgres: "$dir"
+    info "node$n: starting Patroni (PostgreSQL on 127.0.0.1:$((PG_PORT + n - 1)), log $dir/patroni.log)"
+    # setsid: a kill of the caller's process group leaves the node to stop.
+    local run=("$venv/bin/patroni" "$dir/patroni.yml")
+    [[ $EUID -eq 0 ]] && run=(runuser -u postgres -- "${run[@]}")
+    # patroni.pid: the process itself (runuser as root), written by it.
+    (cd / && setsid sh -c 'echo $$ >"$1"; shift; exec "$@"' sh "$dir/patroni.pid" "${run[@]}" \
+        </dev/null >>"$dir/patroni.log" 2>&1 &)
+}
+
+# The cluster as Patroni sees it: one "name role state lag" line per member.
+members() {
+    local n body
+    for n in "${NODES[@]}"; do
+        body=$(rest "$n" /cluster 2>/dev/null) || continue
+        if "$(venv_dir)/bin/python" -c '
+import json, sys
+for m in json.load(sys.stdin)["members"]:
+    print(m["name"], m["role"], m["state"], m.get("lag", "-"), m.get("timeline", "-"))
+' <<<"$body"; then
+            return 0
+        fi
+    done
+    return 1
+}
+
+healthy() { # one leader (running) and two replicas streaming
+    local list
+    list=$(members 2>/dev/null) || return 1
+    [[ $(grep -c -E ' leader running ' <<<"$list") -eq 1 ]] || return 1
+    [[ $(grep -c -E ' (replica|sync_standby) streaming ' <<<"$list") -eq 2 ]] || return 1
+}
+
+wait_healthy() {
+    local deadline=$((SECONDS + START_TIMEOUT))
+    until healthy; do
+        if ((SECONDS > deadline)); then
+            members >&2 || true
+            die "the cluster has no leader with two streaming replicas after ${START_TIMEOUT}s (logs: $ROOT/node*/patroni.log)"
+        fi
+        sleep 0.5
+    done
+}
+
+cmd_start() {
+    mkdir -p "$ROOT"
+    chmod 755 "$ROOT"
+    start_etcd
+    local n pid
+    for n in "${NODES[@]}"; do
+        pid=$(cat "$ROOT/node$n/patroni.pid" 2>/dev/null || true)
+        if [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null; then
+            continue
+        fi
+        start_node "$n"
+        # The first node initialises the cluster (or a running one leads); the
+        # others clone the leader.
+        if [[ $n == 1 ]]; then
+            local deadline=$((SECONDS + START_TIMEOUT))
+            until members 2>/dev/null | grep -q ' leader running '; do
+                ((SECONDS < deadline)) || die "no leader (log $ROOT/node1/patroni.log)"
+                sleep 0.5
+            done
+        fi
+    done
+    wait_healthy
+    members >&2
+    url
+}
+
+cmd_mode() { # sync | async
+    local body
+    case ${1:-} in
+    sync) body='{"synchronous_mode": true, "synchronous_mode_strict": true}' ;;
+    async) body='{"synchronous_mode": false, "synchronous_mode_strict": false}' ;;
+    *) die "usage: bin/cluster.sh mode sync|async" ;;
+    esac
+    local n
+    for n in "${NODES[@]}"; do
+        if rest "$n" /config -X PATCH -H 'Content-Type: application/json' -d "$body" >/dev/null 2>&1; then
+            return 0
+        fi
+    done
+    die "no node accepted the configuration change"
+}
+
+cmd_stop() {
+    local n pid i
+    for n in "${NODES[@]}"; do
+        pid=$(cat "$ROOT/node$n/patroni.pid" 2>/dev/null || true)
+        [[ -n $pid ]] && kill -TERM "$pid" 2>/dev/null || true
+    done
+    for n in "${NODES[@]}"; do
+        pid=$(cat "$ROOT/node$n/patroni.pid" 2>/dev/null || true)
+        for ((i = 0; i < 100; i++)); do
+            [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null || break
+            sleep 0.2
+        done
+        [[ -n $pid ]] && kill -KILL "$pid" 2>/dev/null || true
+        # A node whose Patroni was killed leaves its PostgreSQL running.
+        if [[ -f $ROOT/node$n/data/postmaster.pid ]]; then
+            as_owner "$PG_BIN/pg_ctl" -D "$ROOT/node$n/data" -m immediate -w -t 30 -s stop \
+                >/dev/null 2>&1 || true
+        fi
+    done
+    pid=$(cat "$ROOT/etcd.pid" 2>/dev/null || true)
+    if [[ -n $pid ]]; then
+        kill -TERM "$pid" 2>/dev/null || true
+        for ((i = 0; i < 50; i++)); do
+            kill -0 "$pid" 2>/dev/null || break
+            sleep 0.1
+        done
+    fi
+    [[ $ROOT == "${TMPDIR:-/tmp}"/coordination-ha-* ]] && rm -rf -- "$ROOT"
+    info "cluster stopped"
+}
+
+case ${1:-} in
+start) cmd_start ;;
+start-node) start_node "${2:?usage: bin/cluster.sh start-node N}" ;;
+status) members || die "no node answers (bin/cluster.sh start)" ;;
+url) url ;;
+mode) cmd_mode "${2:-}" ;;
+stop) cmd_stop ;;
+venv) venv_dir ;;
+root) echo "$ROOT" ;;
+*) die "usage: bin/cluster.sh start|start-node N|status|url|mode sync|async|stop|venv|root" ;;
+esac

@@ -1,0 +1,57 @@
+"""One Patroni + etcd cluster for the whole session (bin/cluster.sh), reached
+through the ``cluster`` database alias (tests/support/cluster.py)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.db import connections
+
+from tests.support.cluster import CLUSTER_ALIAS, Cluster, database_settings, missing_parts
+from tests.support.legs import current_leg, missing_service
+
+
+@pytest.fixture(scope="session")
+def cluster(django_db_setup: Any, django_db_blocker: Any) -> Iterator[Cluster]:
+    """The running cluster, migrated, as the ``cluster`` alias; stopped at the end
+    (left running with COORDINATION_KEEP_SERVICES=1, as bin/test leaves its servers)."""
+    if current_leg() != "pg":
+        pytest.skip("the cluster tests run on the pg leg only: one Django and PostgreSQL is enough")
+    missing = missing_parts()
+    if missing is not None:
+        missing_service(missing)
+    running = Cluster()
+    try:
+        running.start()
+    except BaseException:
+        running.stop()
+        raise
+    configured = connections.configure_settings(
+        {"default": connections.settings["default"], CLUSTER_ALIAS: database_settings()}
+    )
+    entry = configured[CLUSTER_ALIAS]
+    connections.settings[CLUSTER_ALIAS] = entry
+    try:
+        with django_db_blocker.unblock():
+            call_command("migrate", database=CLUSTER_ALIAS, verbosity=0)
+        yield running
+    finally:
+        connections[CLUSTER_ALIAS].close()
+        del connections.settings[CLUSTER_ALIAS]
+        if os.environ.get("COORDINATION_KEEP_SERVICES") != "1":
+            running.stop()
+
+
+@pytest.fixture
+def cluster_db(cluster: Cluster, django_db_blocker: Any, settings: Any) -> Iterator[Cluster]:
+    """The cluster as the app's database (``COORDINATION["DATABASE"]``), with
+    database access allowed in any thread."""
+    settings.COORDINATION = {
+        **(getattr(settings, "COORDINATION", None) or {}), "DATABASE": CLUSTER_ALIAS,
+    }
+    with django_db_blocker.unblock():
+        yield cluster
