@@ -170,12 +170,7 @@ def acquire(
         entered = _reenter(key, holder, using)
         if entered is not None:
             return entered
-    lease_seconds = _validate_ttl(app_settings.DEFAULT_TTL if ttl is None else ttl)
-    wait = _validate_seconds(wait, "wait", upper=float(app_settings.MAX_WAIT))
-    delay = _validate_seconds(
-        app_settings.LOCK_DELAY if lock_delay is None else lock_delay,
-        "lock_delay", upper=float(app_settings.MAX_TTL),
-    )
+    lease_seconds, wait, delay = _grant_timings(ttl, wait, lock_delay)
     backend = get_backend(using)
     started = time.monotonic()
     with _grant_point_call("acquire", key, using):
@@ -552,12 +547,7 @@ def acquire_many(
     if len(ordered) > MAX_KEYS_AT_ONCE:
         raise InvalidInput(f"acquire_many takes at most {MAX_KEYS_AT_ONCE} keys, not {len(ordered)}")
     holder = validate_holder(holder)
-    lease_seconds = _validate_ttl(app_settings.DEFAULT_TTL if ttl is None else ttl)
-    wait = _validate_seconds(wait, "wait", upper=float(app_settings.MAX_WAIT))
-    delay = _validate_seconds(
-        app_settings.LOCK_DELAY if lock_delay is None else lock_delay,
-        "lock_delay", upper=float(app_settings.MAX_TTL),
-    )
+    lease_seconds, wait, delay = _grant_timings(ttl, wait, lock_delay)
     backend = get_backend(using)
     started = time.monotonic()
     pace = _Pace(wait)
@@ -1041,6 +1031,21 @@ class _Waiter:
 
 
 # --- input ---------------------------------------------------------------------
+
+
+def _grant_timings(
+    ttl: object, wait: object, lock_delay: object
+) -> tuple[float, float, float]:
+    """A grant's (ttl, wait, lock_delay) in seconds, defaults filled in from the
+    settings; ``InvalidInput`` for any out of its bounds."""
+    return (
+        _validate_ttl(app_settings.DEFAULT_TTL if ttl is None else ttl),
+        _validate_seconds(wait, "wait", upper=float(app_settings.MAX_WAIT)),
+        _validate_seconds(
+            app_settings.LOCK_DELAY if lock_delay is None else lock_delay,
+            "lock_delay", upper=float(app_settings.MAX_TTL),
+        ),
+    )
 
 
 def _validate_ttl(ttl: object) -> float:

@@ -30,10 +30,9 @@ from .conf import app_settings
 from .exceptions import InvalidInput, LockHeld
 from .leases import Lease
 from .locks import (
+    _grant_timings,
     _Pace,
     _release_quietly,
-    _validate_seconds,
-    _validate_ttl,
     acquire,
     await_grant,
     database_now,
@@ -99,12 +98,7 @@ def acquire_permit(
     """
     keys = permit_keys(name, limit)
     holder = validate_holder(holder)
-    lease_seconds = _validate_ttl(app_settings.DEFAULT_TTL if ttl is None else ttl)
-    wait = _validate_seconds(wait, "wait", upper=float(app_settings.MAX_WAIT))
-    delay = _validate_seconds(
-        app_settings.LOCK_DELAY if lock_delay is None else lock_delay,
-        "lock_delay", upper=float(app_settings.MAX_TTL),
-    )
+    lease_seconds, wait, delay = _grant_timings(ttl, wait, lock_delay)
     alias = using or app_settings.DATABASE
     pace = _Pace(wait)
     while True:

@@ -37,10 +37,9 @@ import time
 from . import signals
 from .backends import get_backend
 from .backends.shared import grant_shared
-from .conf import app_settings
 from .exceptions import LockHeld
 from .leases import Lease
-from .locks import _Pace, _release_quietly, _validate_seconds, _validate_ttl, await_grant
+from .locks import _grant_timings, _Pace, _release_quietly, await_grant
 from .logfields import LogFields
 from .models import Grant, validate_holder, validate_key
 
@@ -79,12 +78,7 @@ def acquire_shared(
     """
     key = validate_key(key)
     holder = validate_holder(holder)
-    lease_seconds = _validate_ttl(app_settings.DEFAULT_TTL if ttl is None else ttl)
-    wait = _validate_seconds(wait, "wait", upper=float(app_settings.MAX_WAIT))
-    delay = _validate_seconds(
-        app_settings.LOCK_DELAY if lock_delay is None else lock_delay,
-        "lock_delay", upper=float(app_settings.MAX_TTL),
-    )
+    lease_seconds, wait, delay = _grant_timings(ttl, wait, lock_delay)
     backend = get_backend(using)
     started = time.monotonic()
     pace = _Pace(wait)
