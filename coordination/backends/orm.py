@@ -146,20 +146,7 @@ class OrmGrantPoint(GrantPoint):
     # --- the row and its history ----------------------------------------------
 
     def _locked_row(self, key: str, *, create: bool = False) -> Lock | None:
-        """The lock's row, locked until the transaction ends; created if missing
-        and ``create``, else None if missing."""
-        rows = Lock.objects.using(self.alias).select_for_update()
-        while True:
-            try:
-                return rows.get(key=key)
-            except Lock.DoesNotExist:
-                if not create:
-                    return None
-            # ON CONFLICT DO NOTHING: racing first acquirers of a new key both get
-            # past here without an error, then queue on the same row lock. The row
-            # that made the insert a no-op may be pruned before it is locked
-            # (coordination.pruning): then look again, and make it again.
-            Lock.objects.using(self.alias).bulk_create([Lock(key=key)], ignore_conflicts=True)
+        return locked_row(self.alias, key, create=create)
 
     def _tickets_ahead(self, key: str, ticket: int | None, now: dt.datetime) -> int:
         """Live tickets in the fair queue of ``key`` before ``ticket`` (all, without one:
@@ -188,3 +175,20 @@ class OrmGrantPoint(GrantPoint):
         Lock.objects.using(alias).filter(pk=lock.pk).update(
             holder="", lease_hash="", acquired_at=None, expires_at=None, delay_until=delay_until
         )
+
+
+def locked_row(alias: str, key: str, *, create: bool = False) -> Lock | None:
+    """The lock's row, locked until the transaction ends; created if missing
+    and ``create``, else None if missing."""
+    rows = Lock.objects.using(alias).select_for_update()
+    while True:
+        try:
+            return rows.get(key=key)
+        except Lock.DoesNotExist:
+            if not create:
+                return None
+        # ON CONFLICT DO NOTHING: racing first acquirers of a new key both get
+        # past here without an error, then queue on the same row lock. The row
+        # that made the insert a no-op may be pruned before it is locked
+        # (coordination.pruning): then look again, and make it again.
+        Lock.objects.using(alias).bulk_create([Lock(key=key)], ignore_conflicts=True)

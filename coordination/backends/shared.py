@@ -53,6 +53,7 @@ from .base import (
     new_lease_id,
     next_token,
 )
+from .orm import locked_row
 
 __all__ = [
     "SHARED_LEASE_HASH", "close_revoked_readers", "grant_shared", "release_shared",
@@ -145,12 +146,7 @@ def renew_shared(point: GrantPoint, lease: Lease, ttl: float) -> dt.datetime:
     after every reader's lease ran out)."""
     alias = point.alias
     with point.transaction():
-        lock = _locked_row(point, lease.key)
-        if lock is None:
-            raise never_granted(lease.key)
-        now = point.now()
-        own = _own_grant(point, lock, lease)
-        refusal = _reader_refusal(lock, own, lease, now)
+        lock, now, own, refusal = _reader_state(point, lease)
         if refusal is not None:
             raise refusal
         assert own is not None  # no refusal: the reader's own row was found
@@ -176,12 +172,7 @@ def release_shared(point: GrantPoint, lease: Lease) -> Ended:
     """
     alias = point.alias
     with point.transaction():
-        lock = _locked_row(point, lease.key)
-        if lock is None:
-            raise never_granted(lease.key)
-        now = point.now()
-        own = _own_grant(point, lock, lease)
-        refusal = _reader_refusal(lock, own, lease, now)
+        lock, now, own, refusal = _reader_state(point, lease)
         if own is None or own.ended_at is not None or not lease_matches(own.lease_hash, lease.lease_id):
             assert refusal is not None
             raise refusal
@@ -233,15 +224,22 @@ def close_revoked_readers(point: GrantPoint, revoked: Grant) -> None:
 
 
 def _locked_row(point: GrantPoint, key: str, *, create: bool = False) -> Lock | None:
-    """The key's row, locked until the transaction ends (see ``OrmGrantPoint._locked_row``)."""
-    rows = Lock.objects.using(point.alias).select_for_update()
-    while True:
-        try:
-            return rows.get(key=key)
-        except Lock.DoesNotExist:
-            if not create:
-                return None
-        Lock.objects.using(point.alias).bulk_create([Lock(key=key)], ignore_conflicts=True)
+    """The key's row, locked until the transaction ends (created if ``create``)."""
+    return locked_row(point.alias, key, create=create)
+
+
+def _reader_state(
+    point: GrantPoint, lease: Lease
+) -> tuple[Lock, dt.datetime, Grant | None, LeaseLost | None]:
+    """Inside the grant point's transaction: the reader's key row (locked), the
+    database time, the reader's own Grant row, and why the reader is not live
+    (None if it is)."""
+    lock = _locked_row(point, lease.key)
+    if lock is None:
+        raise never_granted(lease.key)
+    now = point.now()
+    own = _own_grant(point, lock, lease)
+    return lock, now, own, _reader_refusal(lock, own, lease, now)
 
 
 def _own_grant(point: GrantPoint, lock: Lock, lease: Lease) -> Grant | None:
