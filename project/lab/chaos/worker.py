@@ -58,7 +58,13 @@ class Worker:
     def perform(self, op: str, fields: dict[str, Any], call: Callable[[], dict[str, Any]]) -> tuple[str, Any]:
         from django.db import DatabaseError, InterfaceError
 
-        from coordination.exceptions import CoordinationError, LeaseLost, LockHeld, StaleToken
+        from coordination.exceptions import (
+            CoordinationError,
+            GrantPointUnavailable,
+            LeaseLost,
+            LockHeld,
+            StaleToken,
+        )
 
         self.ops += 1
         op_id = f"{self.name}-{self.ops}"
@@ -66,6 +72,13 @@ class Worker:
         done: dict[str, Any] = {"type": "complete", "id": op_id}
         try:
             result = call()
+        except GrantPointUnavailable as error:
+            # The connection was cut under the call: it may or may not have taken
+            # effect, exactly like a database error below (not a refusal).
+            done.update(outcome="unknown", error=f"{type(error).__name__}: {error}"[:300])
+            self.history.write(done)
+            self.reconnect()
+            return "unknown", error
         except CoordinationError as error:
             done.update(outcome="refused", reason=error.code)
             if isinstance(error, LockHeld):
