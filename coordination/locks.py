@@ -404,11 +404,11 @@ def _grant_point_call(action: str, key: str, using: str | None) -> Iterator[None
     """Turn a lost database connection into ``GrantPointUnavailable`` (outcome
     unknown) and close the connection, so the next call connects again: with a
     multi-host URL, to whichever server accepts writes now (a new primary)."""
-    from django.db import InterfaceError, OperationalError, connections
+    from django.db import InterfaceError, InternalError, OperationalError, connections
 
     try:
         yield
-    except (OperationalError, InterfaceError) as error:
+    except (OperationalError, InterfaceError, InternalError) as error:  # 25P03 is an InternalError
         alias = _alias(using)
         connection = connections[alias]
         if connection.in_atomic_block or not _connection_lost(connection, error):
@@ -425,8 +425,10 @@ def _grant_point_call(action: str, key: str, using: str | None) -> Iterator[None
 
 
 # SQLSTATEs of a server that went away or is not the one to write to: class 08
-# (connection exception), and shut down / crashed / starting up (57P01-57P03).
-_LOST = ("08", "57P01", "57P02", "57P03")
+# (connection exception), and shut down / crashed / starting up (57P01-57P03);
+# and of a session the server ended for idling in a transaction (25P03) or at
+# all (57P05): a client paused inside a grant point transaction.
+_LOST = ("08", "57P01", "57P02", "57P03", "57P05", "25P03")
 
 
 def _connection_lost(connection: Any, error: BaseException) -> bool:

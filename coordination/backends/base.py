@@ -294,6 +294,12 @@ class Listener(Protocol):
     def close(self) -> None: ...
 
 
+IDLE_BOUND = 5.0
+"""Seconds a grant point's own transaction may wait for its client's next
+statement on PostgreSQL (its statements follow each other within milliseconds;
+only a paused or hung client waits that long)."""
+
+
 class GrantPoint(abc.ABC):
     """A grant point on one database alias: the base class of the backends.
 
@@ -425,10 +431,24 @@ class GrantPoint(abc.ABC):
 
     @contextmanager
     def transaction(self) -> Iterator[BaseDatabaseWrapper]:
-        """A transaction of the grant point's own, committed when the block ends."""
+        """A transaction of the grant point's own, committed when the block ends.
+
+        It holds the lock row(s) it decides on. On PostgreSQL it may wait at most
+        ``IDLE_BOUND`` seconds for the client's next statement: a client paused
+        inside it (SIGSTOP, a GC or VM pause) has its session ended by the
+        server, the transaction rolled back and the rows freed, instead of
+        keeping the key ungrantable for everyone until it wakes. The paused
+        client then gets ``GrantPointUnavailable`` from its call.
+        """
         connection = self.connection
         refuse_in_caller_transaction(connection)
         with transaction.atomic(using=self.alias, durable=True):
+            if connection.vendor == "postgresql":
+                with connection.cursor() as cursor:
+                    cursor.execute(
+                        "SELECT set_config('idle_in_transaction_session_timeout', %s, true)",
+                        [f"{round(IDLE_BOUND * 1000)}ms"],
+                    )
             yield connection
 
     # --- waking waiters ----------------------------------------------------------

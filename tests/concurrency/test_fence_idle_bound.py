@@ -23,7 +23,8 @@ from django.db import connection, connections
 from django.test import override_settings
 
 from coordination import election, fencing, locks
-from coordination.exceptions import InvalidInput, LeaseLost
+from coordination.backends import base as grant_points
+from coordination.exceptions import GrantPointUnavailable, InvalidInput, LeaseLost
 from coordination.models import Fence
 from tests.support.waiting import wait_until_database_time_passes
 
@@ -130,3 +131,49 @@ def test_a_bad_bound_is_refused_before_anything_is_locked() -> None:
     # SQLite has no idle bound: a valid one is accepted and ignored there.
     with fencing.fence("idle-bad:doc", grant, idle_timeout=5) as row:
         assert row.token == grant.token
+
+
+@pytest.mark.postgres
+def test_a_client_paused_inside_a_renewal_does_not_keep_the_key_ungrantable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The renewal is the ORM transaction of the grant point (row locked, then the
+    database clock read, then the updates): paused after the row lock, the client
+    would keep every acquire of the key waiting until it woke up."""
+    grant = locks.acquire("idle-renew", holder="a", ttl=1)
+    paused_thread: list[threading.Thread] = []
+    entered, resumed = threading.Event(), threading.Event()
+    original_now = grant_points.GrantPoint.now
+
+    def now(point: grant_points.GrantPoint) -> object:
+        if threading.current_thread() in paused_thread:
+            entered.set()
+            resumed.wait(60)  # "paused" with the lock row locked
+        return original_now(point)
+
+    monkeypatch.setattr(grant_points.GrantPoint, "now", now)
+    errors: list[BaseException] = []
+
+    def renew() -> None:
+        try:
+            locks.renew(grant, ttl=1)
+        except BaseException as error:
+            errors.append(error)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=renew)
+    paused_thread.append(thread)
+    thread.start()
+    try:
+        assert entered.wait(30), "the renewal never reached the grant point"
+        wait_until_database_time_passes(grant.expires_at)
+        # Waits on the paused renewal's row lock until the server ends its session
+        # (the grant point's idle bound); without it, until the renewal resumes.
+        second = locks.acquire("idle-renew", holder="b", ttl=30, wait=30)
+        assert thread.is_alive(), "the acquire went through only once the renewal woke up"
+        assert second.token == grant.token + 1
+    finally:
+        resumed.set()
+        thread.join(60)
+    assert errors and isinstance(errors[0], GrantPointUnavailable), errors

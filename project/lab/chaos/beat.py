@@ -422,8 +422,31 @@ class BeatChaos:
                 return value
             if time.monotonic() > deadline:
                 logs = "\n".join(f"--- {p.name}\n{self._text(p)[-2500:]}" for p in self._processes())
-                raise AssertionError(f"beat chaos: waited {timeout:.0f} s for {what}\n{logs}")
+                raise AssertionError(
+                    f"beat chaos: waited {timeout:.0f} s for {what}\n{self._database_state()}\n{logs}"
+                )
             time.sleep(0.1)
+
+    def _database_state(self) -> str:
+        """For a failed wait: the role's lock row and what every session of the
+        database is doing (a paused process may hold a transaction open)."""
+        from coordination import election
+        from coordination.models import Lock
+
+        lines = [f"beats: {[(b.name, b.pid, 'paused' if b.paused else 'running') for b in self.beats]}"]
+        try:
+            row = Lock.objects.filter(key=election.ROLE_PREFIX + self.role).values().first()
+            lines.append(f"role lock: {row}")
+            with connections["default"].cursor() as cursor:
+                cursor.execute(
+                    "SELECT pid, application_name, state, wait_event_type, wait_event, "
+                    "now() - xact_start, left(query, 160) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+                lines.extend(f"session: {row}" for row in cursor.fetchall())
+        except Exception as error:  # diagnostics only: never hide the failure itself
+            lines.append(f"(database state not read: {error})")
+        return "\n".join(lines)
 
     def _processes(self) -> list[BeatProcess]:
         return [*self.beats, *([self.worker] if self.worker else [])]
