@@ -370,6 +370,10 @@ class GrantPoint(abc.ABC):
         """
         ordered = sorted(set(keys))
         with self.transaction():
+            # The promotion guard may lock the token floor's row: first, before any
+            # lock row, as a single acquire takes it. Taken by the first key's
+            # grant instead, after other sets' lock rows, two sets could deadlock.
+            self.guard_promotion()
             return [
                 self.grant_in_transaction(key, holder, ttl, lock_delay, None)
                 for key in ordered
