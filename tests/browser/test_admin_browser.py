@@ -129,6 +129,10 @@ def test_revoke_runs_through_its_confirmation_page(
     assert locks.acquire("report:nightly", holder="worker-next", ttl=5).token == grant.token + 1
 
 
+@pytest.mark.legs(
+    "pg", "sqlite",
+    reason="runs the whole demo first; the LTS leg draws the timeline in the tests around it",
+)
 def test_after_coordination_demo_the_dashboard_shows_its_refused_write(
     page: Page, live_server: Any, operator: User, tmp_path: Path
 ) -> None:

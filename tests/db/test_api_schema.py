@@ -88,6 +88,10 @@ def wsgi_app() -> Iterator[Any]:
         request_finished.connect(close_old_connections)
 
 
+@pytest.mark.legs(
+    "pg", "sqlite",
+    reason="a minute of generated requests; the LTS leg runs the schema checks above",
+)
 def test_fuzzing_the_schema_finds_no_server_error(wsgi_app: Any, settings: Any) -> None:
     # Generated acquires of held keys would otherwise wait up to 30 s each.
     settings.COORDINATION = {**settings.COORDINATION, "API_MAX_WAIT": 0.1, "API_THROTTLE_RATE": None}

@@ -22,8 +22,8 @@ from tests.support.celery_workers import redis_url, wait_until_workers_disconnec
 
 @pytest.mark.postgres
 @pytest.mark.legs(
-    "pg", "lts",
-    reason="real beat processes on PostgreSQL; the SQLite leg runs the scheduler in process",
+    "pg",
+    reason="real beat processes on PostgreSQL; the other legs run the scheduler in process",
 )
 @pytest.mark.django_db(transaction=True)
 def test_two_fenced_beats_never_run_a_slot_twice_through_a_pause_and_a_kill_of_the_leader() -> None:

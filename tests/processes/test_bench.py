@@ -29,6 +29,7 @@ def database_url() -> str:
     return f"postgres://{credentials}@{db['HOST'] or 'localhost'}:{db['PORT'] or 5432}/{db['NAME']}"
 
 
+@pytest.mark.legs("pg", "sqlite", reason="the bench measures the grant point, not the Django version")
 def test_quick_bench_writes_json_table_and_chart(tmp_path: Path) -> None:
     out, chart = tmp_path / "bench.json", tmp_path / "bench.png"
     if not os.environ.get("COORDINATION_TEST_REDIS_URL") and services_required():

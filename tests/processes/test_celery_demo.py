@@ -47,7 +47,7 @@ def test_demo_rejects_the_paused_workers_late_write_and_keeps_the_newer_balance(
     assert grants[token_b].acquired_at >= grants[token_a].expires_at
 
 
-@pytest.mark.legs("pg", "lts", reason="the negative control; the fenced demo above runs on every leg")
+@pytest.mark.legs("pg", reason="the negative control; the fenced demo above runs on every leg")
 def test_demo_without_fencing_shows_the_late_write_clobbering_the_newer_one(tmp_path: Path) -> None:
     finished, result = run_demo(tmp_path, "--no-fencing")
 

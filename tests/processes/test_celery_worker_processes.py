@@ -40,7 +40,11 @@ from tests.support.waiting import wait_until_database_time_passes
 # SQLite grant point documents, not what these tests are about. The SQLite leg runs
 # the demo on real workers (tests/processes/test_celery_demo.py).
 pytestmark = [
-    pytest.mark.legs("pg", "lts", reason="real workers paused and killed need a database with row locks"),
+    pytest.mark.legs(
+        "pg",
+        reason="real workers paused and killed need a database with row locks;"
+        " the LTS leg runs the first test",
+    ),
     pytest.mark.django_db(transaction=True),
 ]
 
@@ -90,6 +94,7 @@ def balance(account: Account) -> Decimal:
     return Account.objects.get(pk=account.pk).balance
 
 
+@pytest.mark.legs("pg", "lts", reason="real workers paused and killed need a database with row locks")
 def test_sigstop_timeline_late_worker_is_rejected_and_newer_balance_stays(
     workers: dict[str, Worker], broker: RedisBroker, tmp_path: Path
 ) -> None:

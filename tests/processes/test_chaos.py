@@ -89,7 +89,7 @@ def database_url() -> str:
             f"{settings['HOST'] or ''}:{settings['PORT'] or ''}/{settings['NAME']}")
 
 
-@pytest.mark.legs("pg", "lts", reason="the negative control; the SQLite leg runs the short fenced run below")
+@pytest.mark.legs("pg", reason="the negative control; the SQLite leg runs the short fenced run below")
 @pytest.mark.django_db(transaction=True)
 def test_without_fencing_the_checker_finds_stale_writes_accepted(tmp_path: Path) -> None:
     # Pauses are the fault that makes a late writer; they come often here.

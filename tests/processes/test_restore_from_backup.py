@@ -165,6 +165,10 @@ def after_restore(url: str, paused: locks.Lease) -> dict[str, Any]:
 # --- the story ----------------------------------------------------------------------
 
 
+@pytest.mark.legs(
+    "pg",
+    reason="pg_dump and a second database; the restore guard is SQL the LTS Django does not change",
+)
 def test_a_restore_from_before_a_keys_first_grant_never_reissues_its_tokens(
     tmp_path: Path,
 ) -> None:
