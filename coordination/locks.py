@@ -969,10 +969,11 @@ class _Waiter:
     ) -> None:
         self.backend, self.key, self.holder, self.fair = backend, key, holder, fair
         # ``key`` names the queue the ticket is taken in (and the announcement a
-        # leaving waiter makes); ``wake_keys`` the locks whose releases wake this
-        # waiter: the key itself for one lock, every slot (and the queue) for a
-        # permit, every key of a set.
+        # leaving or granted waiter makes); ``wake_keys`` the locks whose
+        # releases wake this waiter: the key itself for one lock, every slot for
+        # a permit (whose queue, ``key``, has no lock row), every key of a set.
         self.wake_keys = tuple(wake_keys) if wake_keys is not None else (key,)
+        self.announced = frozenset((*self.wake_keys, key))
         self.alias = backend.alias
         self.ticket: int | None = None
         self.listening: Listener | None = None
@@ -997,10 +998,12 @@ class _Waiter:
         up (and a second more). Until it has (no lock row yet), the waiter polls."""
         seconds = max(self._wake_until - time.monotonic(), 0.0) + 1.0
         try:
-            # Every lock row must carry the request (a list, not any(): no short
-            # cut); a key with no row yet is free or about to be, so poll.
+            # Ask on every lock row (a list: no short cut). A key with no row yet
+            # was never granted, so it is free: whatever refuses this waiter is
+            # another key's lease (or the queue), whose end or announcement wakes
+            # it; a missed hint costs at most the lease's end or MAX_POLL_INTERVAL.
             asked = [self.backend.ask_to_wake(key, seconds) for key in self.wake_keys]
-            self.registered = all(asked)
+            self.registered = any(asked)
         except Exception as error:
             logger.warning("cannot ask for wake-ups, polling instead: %s", error)
             self.registered = False
@@ -1031,7 +1034,7 @@ class _Waiter:
     def _wait_for_wake_up(self, pause: float) -> None:
         assert self.listening is not None
         try:
-            self.listening.wait(self.wake_keys, pause)
+            self.listening.wait(self.announced, pause)
         except Exception as error:
             # The hint is lost, not the lock: poll from here on.
             logger.warning("wake-up connection lost, polling instead: %s", error)

@@ -163,9 +163,7 @@ def _wait_for_permit(
     slot and by the queue moving, until granted or ``wait`` is over."""
     pace = _Pace(wait)
     queue = permit_queue(name)
-    with _Waiter(
-        backend, queue, holder, fair=True, wait=wait, wake_keys=[*keys, queue]
-    ) as waiter:
+    with _Waiter(backend, queue, holder, fair=True, wait=wait, wake_keys=keys) as waiter:
         while True:
             try:
                 acquired = _attempt(backend, name, keys, holder, ttl, delay, waiter.ticket)

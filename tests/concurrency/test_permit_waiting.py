@@ -27,9 +27,9 @@ from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("grant_point")]
 
-# Only a notification can wake a waiter this soon: with the polling settings
-# below a waiter would first look again after half a minute (or at the end of
-# a two-minute lease).
+# Only a notification can wake a waiter this soon: with the settings below a
+# waiter would first look again after 15 s at the earliest (back-off from half
+# a minute, with jitter), and a queued one renews its ticket every 20 s.
 NOTIFIED_WITHIN = 10.0
 
 
@@ -37,6 +37,7 @@ NOTIFIED_WITHIN = 10.0
 def polling_too_slow_to_matter(settings: Any) -> None:
     settings.COORDINATION = {
         **settings.COORDINATION, "POLL_INTERVAL": 30.0, "MAX_POLL_INTERVAL": 30.0,
+        "TICKET_TTL": 60.0,
     }
 
 
