@@ -54,6 +54,7 @@ def acquire_shared(
     holder: str,
     ttl: float | None = None,
     wait: float = 0.0,
+    fair: bool = False,
     lock_delay: float | None = None,
     using: str | None = None,
 ) -> Lease:
@@ -71,8 +72,12 @@ def acquire_shared(
     With ``wait`` > 0 the attempt is repeated (back-off with jitter, up to the
     end of the writer's lease) until granted or ``wait`` seconds pass, woken
     early by the writer's release or revoke (LISTEN/NOTIFY on PostgreSQL).
-    Readers take no ticket: a writer queued fairly is served first, and
-    readers among themselves are granted together, so no order is needed.
+    With ``fair=True`` a waiting reader takes a ticket in the key's queue, the
+    queue writers join with ``acquire(..., fair=True)``: readers and writers
+    are then served in arrival order (a reader queued behind a writer waits
+    for it; readers next to one another in the queue join one group), and a
+    reader that gives up leaves the queue. Without it a reader takes no
+    ticket and every queued waiter is served first.
 
     Raises ``LockHeld`` (who holds it, until when, ``retry_after``),
     ``InvalidInput`` for a bad key, holder, ttl, wait or lock_delay,
@@ -90,10 +95,13 @@ def acquire_shared(
         if wait <= 0:
             raise
         # Woken by the writer's release or revoke (PostgreSQL), else polling.
-        with _Waiter(backend, key, holder, fair=False, wait=wait) as waiter:
+        with _Waiter(backend, key, holder, fair=fair, wait=wait) as waiter:
             while True:
                 try:
-                    lease, taken_over = grant_shared(backend, key, holder, lease_seconds, delay)
+                    lease, taken_over = grant_shared(
+                        backend, key, holder, lease_seconds, delay, waiter.ticket
+                    )
+                    waiter.ticket = None  # consumed by the grant
                     break
                 except LockHeld as held:
                     waiter.sleep(pace.pause(held, woken=waiter.woken_by_notify))

@@ -213,6 +213,44 @@ def test_a_permit_waiter_that_gives_up_leaves_the_queue_and_the_next_is_served()
     assert queued(name) == 0
 
 
+def test_fair_readers_and_writers_are_served_in_arrival_order() -> None:
+    key = "fair-rw"
+    first = locks.acquire(key, holder="first", ttl=60)
+    arrivals = ["r1", "w2", "r3", "r4"]  # readers and a writer, queued in this order
+    threads = []
+    for index, holder in enumerate(arrivals):
+
+        def take(holder: str = holder) -> Lease:
+            if holder.startswith("r"):
+                grant = acquire_shared(key, holder=holder, ttl=30, wait=90, fair=True)
+            else:
+                grant = locks.acquire(key, holder=holder, ttl=30, wait=90, fair=True)
+            locks.release(grant)
+            return grant
+
+        threads.append(in_thread(take))
+        wait_for(lambda n=index + 1: Ticket.objects.filter(lock_key=key).count() == n,
+                 what=f"{holder} queued")
+    locks.release(first)
+    for thread, outcome in threads:
+        thread.join(120)
+        assert isinstance(outcome[0], Lease), outcome[0]
+
+    # Tokens are issued in grant order: r3 and r4 never overtook the writer
+    # queued before them, and the writer never overtook r1.
+    granted = list(
+        Grant.objects.filter(lock__key=key).order_by("token")
+        .values_list("holder", "mode", "acquired_at", "ended_at")
+    )
+    assert [(holder, mode) for holder, mode, _, _ in granted] == [
+        ("first", "exclusive"), ("r1", "shared"), ("w2", "exclusive"),
+        ("r3", "shared"), ("r4", "shared"),
+    ]
+    r1, w2, r3 = granted[1], granted[2], granted[3]
+    assert r1[3] <= w2[2] and w2[3] <= r3[2]  # the writer alone, between the readers
+    assert not Ticket.objects.filter(lock_key=key).exists()
+
+
 @pytest.mark.postgres
 @pytest.mark.legs("pg", reason="a child process; the LTS leg runs the same code")
 def test_a_killed_waiter_does_not_block_the_queue() -> None:
