@@ -85,7 +85,8 @@ def grant_shared(
     lock-delay over; and, as for writers, when no fair waiter's live ticket is
     ahead (``ticket``: the reader's own place in the key's queue, which the
     grant consumes; without one every live ticket is ahead, so a writer queued
-    fairly is never overtaken by readers) and a token is left. Otherwise raises the ``LockHeld`` or ``TokenExhausted`` of
+    fairly is never overtaken by readers) and a token is left. Otherwise
+    raises the ``LockHeld`` or ``TokenExhausted`` of
     :func:`~coordination.backends.base.grant_refusal`. The reader gets the
     key's next token; the group's lease is extended to cover its own.
     """
