@@ -279,8 +279,9 @@ def build_dashboard(
                 if key.endswith(SEMAPHORE_SUFFIX) or shown.access.allows("read", key)
             ]
         else:
-            keys = recent_keys(TIMELINE_LOCKS, using=alias, access=shown.access)
-        subjects = _timeline_subjects(keys)
+            # More keys than timelines: a semaphore's slots make one timeline.
+            keys = recent_keys(TIMELINE_LOCKS * 3, using=alias, access=shown.access)
+        subjects = _timeline_subjects(keys)[:TIMELINE_LOCKS]
         locks = {lock.key: lock for lock in Lock.objects.using(alias).filter(key__in=subjects)}
         for subject in subjects:
             if subject.endswith(SEMAPHORE_SUFFIX):
