@@ -31,7 +31,7 @@ from django.db.models import Q
 
 from . import signals
 from .backends import get_backend
-from .backends.base import Acquired, GrantPoint
+from .backends.base import Acquired, GrantPoint, refuse_in_caller_transaction
 from .conf import app_settings
 from .exceptions import InvalidInput, LockHeld
 from .leases import Lease
@@ -106,10 +106,10 @@ def acquire_permit(
     One attempt reads which slots are free or expired by the database clock
     (one query), then asks the grant point for them one by one, in an order
     starting at a random slot so that contending holders spread; the first
-    grant wins. Each slot is asked in a transaction of the grant point's own
-    that first checks the semaphore's queue: while a waiter's live ticket is
-    ahead of this caller (every ticket, for a caller without one), nothing is
-    granted, so a newcomer never takes a slot a waiter is queued for.
+    grant wins. The semaphore's queue is read first: while a waiter's live
+    ticket is ahead of this caller (every ticket, for a caller without one),
+    nothing is granted, so a newcomer never takes a slot a waiter is queued
+    for.
 
     With ``wait`` > 0 a refused caller takes a ticket in the queue (arrival
     order) and tries again when woken (a slot released or revoked, a waiter
@@ -178,28 +178,39 @@ def _attempt(
     backend: GrantPoint, name: str, keys: list[str], holder: str, ttl: float, delay: float,
     ticket: int | None,
 ) -> Acquired:
-    """One attempt: each slot that looks grantable, in its own transaction of the
-    grant point's, until one is granted. ``ticket`` (the caller's place in the
-    queue, or None) is consumed by the grant, in the same transaction.
+    """One attempt: each slot that looks grantable, until one is granted; none
+    while a live ticket of the queue is ahead of ``ticket`` (the caller's place
+    in it, or None: then every live ticket is ahead).
+
+    Without a ticket: the queue is read, then each slot is one ordinary
+    acquire call. With one: each slot is tried in a transaction of the grant
+    point's own that reads the queue, grants the slot and consumes the ticket,
+    so a waiter never holds a permit and a ticket at once. Either way a ticket
+    committed after the queue was read is not seen (read committed), as in
+    the acquire function's own queue check: the newcomer then asked first.
 
     One slot per transaction: a refused slot's row lock is not kept while the
     next slot is tried, so two attempts that try slots in different orders
     never wait for each other in a cycle."""
     alias = backend.alias
     queue = permit_queue(name)
+    refuse_in_caller_transaction(backend.connection)  # before any read: InTransaction first
+    if ticket is None:
+        _refuse_behind_waiters(backend, queue, None)
     refusal: LockHeld | None = None
     for key in _candidates(keys, alias):
         try:
+            if ticket is None:
+                return backend.acquire(key, holder, ttl, delay, None)
             with backend.transaction():
                 # The promotion guard first, before any row lock (as acquire_many).
                 backend.guard_promotion()
                 _refuse_behind_waiters(backend, queue, ticket)
                 acquired = backend.grant_in_transaction(key, holder, ttl, delay, None)
-                if ticket is not None:
-                    tickets = Ticket.objects.using(alias).filter(lock_key=queue)
-                    tickets.filter(pk=ticket).delete()
-                    if tickets.exists():
-                        backend.wake(queue)  # at commit: the next waiter is first now
+                tickets = Ticket.objects.using(alias).filter(lock_key=queue)
+                tickets.filter(pk=ticket).delete()
+                if tickets.exists():
+                    backend.wake(queue)  # at commit: the next waiter is first now
             return acquired
         except LockHeld as held:
             if held.key == queue:
