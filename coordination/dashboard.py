@@ -29,7 +29,10 @@ from .conf import app_settings
 from .locks import database_now
 from .models import AcceptedWrite, Grant, Lock, LockQuerySet, Rejection
 
-__all__ = ["Dashboard", "Shown", "Timeline", "build_dashboard", "build_timeline"]
+__all__ = [
+    "Dashboard", "Shown", "SlotRow", "Timeline", "build_dashboard", "build_semaphore_timeline",
+    "build_timeline",
+]
 
 HOUR = dt.timedelta(hours=1)
 DAY = dt.timedelta(days=1)
@@ -38,6 +41,12 @@ TIMELINE_LOCKS = 6
 TIMELINE_GRANTS = 10
 TIMELINE_MARKS = 300
 CONTENDED_KEYS = 10
+SEMAPHORE_SLOTS = 20  # slots drawn on a semaphore's timeline (the lowest numbers)
+SEMAPHORE_GRANTS = 40  # its most recent grants, over all its slots
+# A permit's key is <name>@<slot> (coordination.semaphores); the dashboard's
+# key form takes <name>@* for the whole semaphore.
+SLOT_KEY = re.compile(r"(?P<name>.+)@(?P<slot>[1-9][0-9]*)")
+SEMAPHORE_SUFFIX = "@*"
 
 # Geometry of the pictures, in SVG pixels.
 CHART_WIDTH, CHART_HEIGHT = 640, 190
@@ -149,6 +158,8 @@ class Lane:
     bar_x: float
     bar_width: float
     mode: str = "exclusive"  # GrantMode value: shared lanes are readers (drawn hatched)
+    key: str = ""  # the lock key, on a semaphore's timeline (the slot's key)
+    slot: int = 0  # the slot number, on a semaphore's timeline
 
     @property
     def label(self) -> str:
@@ -177,6 +188,24 @@ class Mark:
 
 
 @dataclass
+class SlotRow:
+    """One slot of a semaphore's timeline: a row of its own, the slot's grants
+    one after the other on it (two leases of a slot never overlap)."""
+
+    slot: int
+    key: str
+    lock_id: int
+    state: str
+    token: int
+    y: float
+    lanes: list[Lane] = field(default_factory=list)
+
+    @property
+    def label_y(self) -> float:
+        return self.y + LANE_HEIGHT / 2
+
+
+@dataclass
 class Timeline:
     key: str
     lock_id: int
@@ -192,6 +221,13 @@ class Timeline:
     now_x: float | None = None
     plot_left: int = LABEL_WIDTH
     plot_right: int = TIMELINE_WIDTH - TIMELINE_RIGHT
+    semaphore: str = ""  # a semaphore's timeline: its name (``key`` is ``<name>@*``)
+    slots: list[SlotRow] = field(default_factory=list)
+
+    @property
+    def held(self) -> int:
+        """A semaphore's slots held now."""
+        return sum(1 for row in self.slots if row.state == "held")
 
     @property
     def axis_y(self) -> float:
@@ -224,8 +260,11 @@ def build_dashboard(
     """Everything the dashboard page shows, as of the database's current time.
 
     ``keys`` chooses the locks drawn as timelines; by default the most recently
-    granted ones. ``shown`` limits it to what the viewer may see (default: all);
-    keys outside the viewer's rules are left out as if they did not exist.
+    granted ones. The slots of a semaphore (keys ``<name>@<n>``) are drawn
+    together, on one timeline of the semaphore (:func:`build_semaphore_timeline`),
+    in place of the first of them; ``<name>@*`` chooses it. ``shown`` limits it
+    to what the viewer may see (default: all); keys outside the viewer's rules
+    are left out as if they did not exist.
     """
     alias = using or app_settings.DATABASE
     shown = shown or Shown()
@@ -233,14 +272,25 @@ def build_dashboard(
     timelines: list[Timeline] = []
     if shown.grants:
         if keys:
-            # A key outside the viewer's rules is as a key that does not exist.
-            keys = [key for key in keys if shown.access.allows("read", key)]
+            # A key outside the viewer's rules is as a key that does not exist
+            # (a semaphore's slots are filtered one by one).
+            keys = [
+                key for key in keys
+                if key.endswith(SEMAPHORE_SUFFIX) or shown.access.allows("read", key)
+            ]
         else:
-            keys = recent_keys(TIMELINE_LOCKS, using=alias, access=shown.access)
-        locks = {lock.key: lock for lock in Lock.objects.using(alias).filter(key__in=keys)}
-        timelines = [
-            build_timeline(locks[key], now, using=alias, shown=shown) for key in keys if key in locks
-        ]
+            # More keys than timelines: a semaphore's slots make one timeline.
+            keys = recent_keys(TIMELINE_LOCKS * 3, using=alias, access=shown.access)
+        subjects = _timeline_subjects(keys)[:TIMELINE_LOCKS]
+        locks = {lock.key: lock for lock in Lock.objects.using(alias).filter(key__in=subjects)}
+        for subject in subjects:
+            if subject.endswith(SEMAPHORE_SUFFIX):
+                name = subject.removesuffix(SEMAPHORE_SUFFIX)
+                semaphore = build_semaphore_timeline(name, now, using=alias, shown=shown)
+                if semaphore is not None:
+                    timelines.append(semaphore)
+            elif subject in locks:
+                timelines.append(build_timeline(locks[subject], now, using=alias, shown=shown))
     return Dashboard(
         now=now,
         counts=_counts(now, alias, shown),
@@ -349,6 +399,120 @@ def build_timeline(
                  rejection.reason, rejection.created_at,
                  scale.x(rejection.created_at), lane_y[rejection.token] + LANE_HEIGHT / 2)
         )
+    timeline.ticks = scale.ticks()
+    if start <= now <= end:
+        timeline.now_x = scale.x(now)
+    return timeline
+
+
+def _timeline_subjects(keys: Sequence[str]) -> list[str]:
+    """``keys`` with each slot key replaced by its semaphore (``<name>@*``), where
+    the first of its slots was, each subject once."""
+    subjects: list[str] = []
+    for key in keys:
+        slot = SLOT_KEY.fullmatch(key)
+        subject = f"{slot['name']}{SEMAPHORE_SUFFIX}" if slot else key
+        if subject not in subjects:
+            subjects.append(subject)
+    return subjects
+
+
+def build_semaphore_timeline(
+    name: str, now: dt.datetime, *, using: str | None = None, shown: Shown | None = None
+) -> Timeline | None:
+    """A semaphore's recent permits on one database-time axis: a row per slot.
+
+    Each slot (lock ``<name>@<n>``, of the first :data:`SEMAPHORE_SLOTS` the
+    viewer may read) is a row, its grants drawn one after the other on it, so
+    the permits live at any moment are the bars a vertical line crosses: never
+    more than the slots. Writes are marked on the bar of the token (of that
+    slot) that made them, as on a lock's timeline. None if no slot of ``name``
+    was ever granted (or none is readable).
+    """
+    alias = using or app_settings.DATABASE
+    shown = shown or Shown()
+    slot_locks = sorted(
+        (
+            (int(match["slot"]), lock)
+            for lock in Lock.objects.using(alias).filter(key__startswith=f"{name}@")
+            if (match := SLOT_KEY.fullmatch(lock.key)) and match["name"] == name
+            and shown.access.allows("read", lock.key)
+        ),
+        key=lambda pair: pair[0],
+    )[:SEMAPHORE_SLOTS]
+    if not slot_locks:
+        return None
+    grants = list(
+        Grant.objects.using(alias).filter(lock__in=[lock for _, lock in slot_locks])
+        .select_related("lock").order_by("-acquired_at")[:SEMAPHORE_GRANTS]
+    )[::-1]
+    spans = [(grant, *_span(grant, now)) for grant in grants]
+    keys = [lock.key for _, lock in slot_locks]
+    start = min((begin for _, begin, _, _ in spans), default=now - dt.timedelta(minutes=1))
+    tokens = {grant.token for grant in grants}
+    refused = list(
+        Rejection.objects.using(alias)
+        .filter(lock_key__in=keys, token__in=tokens, created_at__gte=start)
+        .order_by("-created_at")[:TIMELINE_MARKS]
+    ) if shown.rejections else []
+    accepted = list(
+        AcceptedWrite.objects.using(alias)
+        .filter(lock_key__in=keys, token__in=tokens, created_at__gte=start)
+        .order_by("-created_at")[:TIMELINE_MARKS]
+    ) if shown.accepted_writes else []
+    end = max(
+        [finish for _, _, finish, _ in spans]
+        + [row.created_at for row in refused]
+        + [row.created_at for row in accepted]
+        + [start + dt.timedelta(seconds=1)]
+    )
+    pad = (end - start) * 0.03
+    start, end = start - pad, end + pad
+    timeline = Timeline(
+        key=f"{name}{SEMAPHORE_SUFFIX}",
+        lock_id=slot_locks[0][1].pk,
+        state="semaphore",
+        token=0,
+        start=start,
+        end=end,
+        width=TIMELINE_WIDTH,
+        height=len(slot_locks) * (LANE_HEIGHT + LANE_GAP) + LANE_GAP + AXIS_HEIGHT,
+        semaphore=name,
+    )
+    rows: dict[str, SlotRow] = {}
+    for index, (slot, lock) in enumerate(slot_locks):
+        rows[lock.key] = SlotRow(
+            slot=slot, key=lock.key, lock_id=lock.pk, state=str(lock.state_at(now)),
+            token=lock.token, y=LANE_GAP + index * (LANE_HEIGHT + LANE_GAP),
+        )
+    timeline.slots = list(rows.values())
+    scale = _TimeScale(start, end, LABEL_WIDTH, TIMELINE_WIDTH - TIMELINE_RIGHT)
+    lane_y: dict[tuple[str, int], float] = {}
+    for grant, begin, finish, end_kind in spans:
+        row = rows[grant.lock.key]
+        left = scale.x(begin)
+        lane = Lane(
+            token=grant.token, holder=grant.holder, end=end_kind, acquired_at=begin,
+            ends_at=finish, y=row.y, bar_x=left,
+            bar_width=round(max(scale.x(finish) - left, 2.0), 1), mode=grant.mode,
+            key=row.key, slot=row.slot,
+        )
+        row.lanes.append(lane)
+        timeline.lanes.append(lane)
+        lane_y[(row.key, grant.token)] = row.y
+    for written in accepted:
+        if (y := lane_y.get((written.lock_key, written.token))) is not None:
+            timeline.marks.append(
+                Mark("accepted", written.token, written.step, written.resource, "",
+                     written.created_at, scale.x(written.created_at), y + LANE_HEIGHT / 2)
+            )
+    for rejection in refused:
+        if (y := lane_y.get((rejection.lock_key, rejection.token))) is not None:
+            timeline.marks.append(
+                Mark("refused", rejection.token, rejection.step, rejection.resource,
+                     rejection.reason, rejection.created_at, scale.x(rejection.created_at),
+                     y + LANE_HEIGHT / 2)
+            )
     timeline.ticks = scale.ticks()
     if start <= now <= end:
         timeline.now_x = scale.x(now)

@@ -41,7 +41,7 @@ import math
 import random
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from contextlib import asynccontextmanager, contextmanager, suppress
 from typing import Any, ParamSpec, TypeVar
@@ -533,8 +533,11 @@ def acquire_many(
     taken in the same order and nothing waits for a lease inside the
     transaction, overlapping sets never deadlock. With ``wait`` > 0 the whole
     set is tried again (back-off with jitter, up to the refusing lease's end)
-    until it is granted or ``wait`` seconds pass; waiters poll (no wake-ups,
-    no fair queue), and a set is never held in part while waiting.
+    until it is granted or ``wait`` seconds pass, woken early by a release or
+    revoke of any of its keys (LISTEN/NOTIFY on PostgreSQL); a set is never
+    held in part while waiting. Sets do not queue: a waiting set takes no
+    ticket, and every fair waiter (``acquire(..., fair=True)``) of one of its
+    keys is served first.
 
     Raises ``LockHeld`` for the first refused key (in sorted order),
     ``InvalidInput`` for no key, more than :data:`MAX_KEYS_AT_ONCE` keys, a bad
@@ -553,12 +556,20 @@ def acquire_many(
     backend = get_backend(using)
     started = time.monotonic()
     pace = _Pace(wait)
-    while True:
-        try:
-            granted = backend.acquire_many(ordered, holder, lease_seconds, delay)
-            break
-        except LockHeld as held:
-            time.sleep(pace.pause(held))
+    try:
+        granted = backend.acquire_many(ordered, holder, lease_seconds, delay)
+    except LockHeld:
+        if wait <= 0:
+            raise
+        # Woken by a release or revoke of any key of the set (PostgreSQL), else
+        # polling; the whole set is tried again each time.
+        with _Waiter(backend, ordered[0], holder, fair=False, wait=wait, wake_keys=ordered) as waiter:
+            while True:
+                try:
+                    granted = backend.acquire_many(ordered, holder, lease_seconds, delay)
+                    break
+                except LockHeld as held:
+                    waiter.sleep(pace.pause(held, woken=waiter.woken_by_notify))
     waited = time.monotonic() - started
     for lease, taken_over in granted:
         logger.info(
@@ -947,9 +958,22 @@ class _Waiter:
     """
 
     def __init__(
-        self, backend: GrantPoint, key: str, holder: str, *, fair: bool, wait: float = 0.0
+        self,
+        backend: GrantPoint,
+        key: str,
+        holder: str,
+        *,
+        fair: bool,
+        wait: float = 0.0,
+        wake_keys: Sequence[str] | None = None,
     ) -> None:
         self.backend, self.key, self.holder, self.fair = backend, key, holder, fair
+        # ``key`` names the queue the ticket is taken in (and the announcement a
+        # leaving or granted waiter makes); ``wake_keys`` the locks whose
+        # releases wake this waiter: the key itself for one lock, every slot for
+        # a permit (whose queue, ``key``, has no lock row), every key of a set.
+        self.wake_keys = tuple(wake_keys) if wake_keys is not None else (key,)
+        self.announced = frozenset((*self.wake_keys, key))
         self.alias = backend.alias
         self.ticket: int | None = None
         self.listening: Listener | None = None
@@ -974,7 +998,12 @@ class _Waiter:
         up (and a second more). Until it has (no lock row yet), the waiter polls."""
         seconds = max(self._wake_until - time.monotonic(), 0.0) + 1.0
         try:
-            self.registered = self.backend.ask_to_wake(self.key, seconds)
+            # Ask on every lock row (a list: no short cut). A key with no row yet
+            # was never granted, so it is free: whatever refuses this waiter is
+            # another key's lease (or the queue), whose end or announcement wakes
+            # it; a missed hint costs at most the lease's end or MAX_POLL_INTERVAL.
+            asked = [self.backend.ask_to_wake(key, seconds) for key in self.wake_keys]
+            self.registered = any(asked)
         except Exception as error:
             logger.warning("cannot ask for wake-ups, polling instead: %s", error)
             self.registered = False
@@ -1005,7 +1034,7 @@ class _Waiter:
     def _wait_for_wake_up(self, pause: float) -> None:
         assert self.listening is not None
         try:
-            self.listening.wait(self.key, pause)
+            self.listening.wait(self.announced, pause)
         except Exception as error:
             # The hint is lost, not the lock: poll from here on.
             logger.warning("wake-up connection lost, polling instead: %s", error)

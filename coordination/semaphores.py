@@ -13,40 +13,54 @@ The permit is a :class:`~coordination.leases.Lease` of its slot's key: renew,
 release, ``hold``-like use (``use_grant``), keep-alives and fences take it as
 they take any lease. :func:`aacquire_permit` is the async twin.
 
-Not built yet (docs/primitives.md): wake-ups and a fair queue for waiting
-permit holders (waiters poll), the Celery ``concurrency=N`` option, REST
-endpoints and the admin's drawing of slots.
+Waiters queue in arrival order (a ticket in the semaphore's queue, ``<name>@*``)
+and are woken when a slot is released (LISTEN/NOTIFY on PostgreSQL, polling
+elsewhere). The queue decides only who asks first: every grant is still the
+grant point's decision on one slot's row, so the queue never affects how many
+permits are live or which tokens they carry.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import random
 import time
 
 from django.db.models import Q
 
+from . import signals
+from .backends import get_backend
+from .backends.base import Acquired, GrantPoint, refuse_in_caller_transaction
 from .conf import app_settings
 from .exceptions import InvalidInput, LockHeld
 from .leases import Lease
 from .locks import (
+    _grant_point_call,
     _grant_timings,
     _Pace,
     _release_quietly,
-    acquire,
+    _Waiter,
     await_grant,
     database_now,
 )
-from .models import DatabaseNow, Lock, validate_holder, validate_key
+from .logfields import LogFields
+from .models import DatabaseNow, Grant, Lock, Ticket, validate_holder, validate_key
 
 __all__ = [
-    "MAX_PERMITS", "aacquire_permit", "acquire_permit", "permit_keys", "permit_slot",
+    "MAX_PERMITS", "aacquire_permit", "acquire_permit", "permit_keys", "permit_queue",
+    "permit_slot",
 ]
+
+logger = logging.getLogger("coordination.locks")
 
 MAX_PERMITS = 1000
 """The largest ``limit`` of a semaphore."""
 
 SLOT_SEPARATOR = "@"
+QUEUE_SUFFIX = "*"
+"""The queue of semaphore ``name`` is ``<name>@*``: ``*`` is not a key character,
+so no lock key is ever the name of a semaphore's queue."""
 
 
 def permit_keys(name: str, limit: int) -> list[str]:
@@ -55,6 +69,12 @@ def permit_keys(name: str, limit: int) -> list[str]:
     if isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= MAX_PERMITS:
         raise InvalidInput(f"limit must be an integer from 1 to {MAX_PERMITS}")
     return [validate_key(f"{name}{SLOT_SEPARATOR}{slot}") for slot in range(1, limit + 1)]
+
+
+def permit_queue(name: str) -> str:
+    """The name of the waiters' queue of semaphore ``name`` (``<name>@*``): the
+    ``lock_key`` of their :class:`~coordination.models.Ticket` rows."""
+    return f"{validate_key(name, what='semaphore name')}{SLOT_SEPARATOR}{QUEUE_SUFFIX}"
 
 
 def permit_slot(permit: Lease) -> int:
@@ -86,33 +106,135 @@ def acquire_permit(
     One attempt reads which slots are free or expired by the database clock
     (one query), then asks the grant point for them one by one, in an order
     starting at a random slot so that contending holders spread; the first
-    grant wins. With ``wait`` > 0 the attempt is repeated (back-off with jitter,
-    up to the earliest end of a held slot's lease) until a permit is granted or
-    ``wait`` seconds pass. Waiters poll: no wake-ups, no fair queue yet.
+    grant wins. The semaphore's queue is read first: while a waiter's live
+    ticket is ahead of this caller (every ticket, for a caller without one),
+    nothing is granted, so a newcomer never takes a slot a waiter is queued
+    for.
 
-    Raises ``LockHeld`` (``holder`` says that all ``limit`` permits are held,
-    ``retry_after`` when the first lease ends) when none is free,
-    ``InvalidInput`` for a bad name, limit, holder, ttl, wait or lock_delay,
-    ``TokenExhausted`` for a slot out of tokens and ``InTransaction`` inside
-    ``transaction.atomic()``, as ``locks.acquire`` does.
+    With ``wait`` > 0 a refused caller takes a ticket in the queue (arrival
+    order) and tries again when woken (a slot released or revoked, a waiter
+    ahead granted or gone: LISTEN/NOTIFY on PostgreSQL), at the end of the
+    first lease, or after a back-off step with jitter, until a permit is
+    granted or ``wait`` seconds pass. A waiter that gives up leaves the queue
+    at once; the ticket of one that died expires after
+    ``COORDINATION["TICKET_TTL"]`` seconds and stops holding the others up.
+
+    Raises ``LockHeld`` when none is granted: ``holder`` says that all
+    ``limit`` permits are held (``retry_after`` when the first lease ends), or
+    how many waiters are queued first. ``InvalidInput`` for a bad name, limit,
+    holder, ttl, wait or lock_delay, ``TokenExhausted`` for a slot out of
+    tokens and ``InTransaction`` inside ``transaction.atomic()``, as
+    ``locks.acquire`` does.
     """
     keys = permit_keys(name, limit)
     holder = validate_holder(holder)
     lease_seconds, wait, delay = _grant_timings(ttl, wait, lock_delay)
-    alias = using or app_settings.DATABASE
+    backend = get_backend(using)
+    queue = permit_queue(name)
+    started = time.monotonic()
+    with _grant_point_call("acquire", queue, using):
+        try:
+            lease, taken_over = _attempt(backend, name, keys, holder, lease_seconds, delay, None)
+        except LockHeld:
+            if wait <= 0:
+                raise
+            lease, taken_over = _wait_for_permit(
+                backend, name, keys, holder, lease_seconds, delay, wait
+            )
+    if logger.isEnabledFor(logging.INFO):
+        logger.info(
+            "lock acquired %s",
+            LogFields(
+                key=lease.key, token=lease.token, holder=holder,
+                expires_at=lease.expires_at.isoformat(),
+            ),
+        )
+    if taken_over is not None:
+        signals.lock_expired.send(sender=Grant, key=lease.key, **taken_over._asdict())
+    signals.lock_acquired.send(sender=Grant, grant=lease, waited=time.monotonic() - started)
+    return lease
+
+
+def _wait_for_permit(
+    backend: GrantPoint, name: str, keys: list[str], holder: str, ttl: float, delay: float,
+    wait: float,
+) -> Acquired:
+    """Queue for a permit (a ticket in ``<name>@*``), woken by releases of every
+    slot and by the queue moving, until granted or ``wait`` is over."""
     pace = _Pace(wait)
-    while True:
-        refusal = None
-        for key in _candidates(keys, alias):
+    queue = permit_queue(name)
+    with _Waiter(backend, queue, holder, fair=True, wait=wait, wake_keys=keys) as waiter:
+        while True:
             try:
-                # The single acquire of the slot's key: its grant rule, log and signals.
-                return acquire(key, holder=holder, ttl=lease_seconds, lock_delay=delay, using=using)
-            except LockHeld as held:  # taken since the read: try the next one
-                if refusal is None or held.retry_after < refusal.retry_after:
-                    refusal = held
-        if refusal is None:
-            refusal = _all_held(name, limit, keys, alias)
-        time.sleep(pace.pause(refusal))
+                acquired = _attempt(backend, name, keys, holder, ttl, delay, waiter.ticket)
+            except LockHeld as held:
+                waiter.sleep(pace.pause(held, woken=waiter.woken_by_notify))
+                continue
+            waiter.ticket = None  # consumed by the grant
+            return acquired
+
+
+def _attempt(
+    backend: GrantPoint, name: str, keys: list[str], holder: str, ttl: float, delay: float,
+    ticket: int | None,
+) -> Acquired:
+    """One attempt: each slot that looks grantable, until one is granted; none
+    while a live ticket of the queue is ahead of ``ticket`` (the caller's place
+    in it, or None: then every live ticket is ahead).
+
+    Without a ticket: the queue is read, then each slot is one ordinary
+    acquire call. With one: each slot is tried in a transaction of the grant
+    point's own that reads the queue, grants the slot and consumes the ticket,
+    so a waiter never holds a permit and a ticket at once. Either way a ticket
+    committed after the queue was read is not seen (read committed), as in
+    the acquire function's own queue check: the newcomer then asked first.
+
+    One slot per transaction: a refused slot's row lock is not kept while the
+    next slot is tried, so two attempts that try slots in different orders
+    never wait for each other in a cycle."""
+    alias = backend.alias
+    queue = permit_queue(name)
+    refuse_in_caller_transaction(backend.connection)  # before any read: InTransaction first
+    if ticket is None:
+        _refuse_behind_waiters(backend, queue, None)
+    refusal: LockHeld | None = None
+    for key in _candidates(keys, alias):
+        try:
+            if ticket is None:
+                return backend.acquire(key, holder, ttl, delay, None)
+            with backend.transaction():
+                # The promotion guard first, before any row lock (as acquire_many).
+                backend.guard_promotion()
+                _refuse_behind_waiters(backend, queue, ticket)
+                acquired = backend.grant_in_transaction(key, holder, ttl, delay, None)
+                tickets = Ticket.objects.using(alias).filter(lock_key=queue)
+                tickets.filter(pk=ticket).delete()
+                if tickets.exists():
+                    backend.wake(queue)  # at commit: the next waiter is first now
+            return acquired
+        except LockHeld as held:
+            if held.key == queue:
+                raise  # queued behind other waiters: no slot is ours to try
+            # Taken since the read: try the next one.
+            if refusal is None or held.retry_after < refusal.retry_after:
+                refusal = held
+    if refusal is None:
+        refusal = _all_held(name, len(keys), keys, alias)
+    raise refusal
+
+
+def _refuse_behind_waiters(backend: GrantPoint, queue: str, ticket: int | None) -> None:
+    """Raise ``LockHeld`` if a live ticket of ``queue`` is ahead of ``ticket``
+    (every live ticket, without one). Expiry by the database clock (rule 11)."""
+    ahead = Ticket.objects.using(backend.alias).filter(lock_key=queue, expires_at__gt=DatabaseNow())
+    if ticket is not None:
+        ahead = ahead.filter(id__lt=ticket)
+    waiting = ahead.count()
+    if waiting:
+        raise LockHeld(
+            queue, f"{waiting} permit waiter(s) queued first", backend.now(),
+            float(app_settings.POLL_INTERVAL),
+        )
 
 
 async def aacquire_permit(

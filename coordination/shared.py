@@ -39,7 +39,7 @@ from .backends import get_backend
 from .backends.shared import grant_shared
 from .exceptions import LockHeld
 from .leases import Lease
-from .locks import _grant_timings, _Pace, _release_quietly, await_grant
+from .locks import _grant_timings, _Pace, _release_quietly, _Waiter, await_grant
 from .logfields import LogFields
 from .models import Grant, validate_holder, validate_key
 
@@ -54,6 +54,7 @@ def acquire_shared(
     holder: str,
     ttl: float | None = None,
     wait: float = 0.0,
+    fair: bool = False,
     lock_delay: float | None = None,
     using: str | None = None,
 ) -> Lease:
@@ -69,8 +70,14 @@ def acquire_shared(
     ends with the last reader's, and writers are refused until then.
 
     With ``wait`` > 0 the attempt is repeated (back-off with jitter, up to the
-    end of the writer's lease) until granted or ``wait`` seconds pass; readers
-    poll (no wake-ups, no fair queue of readers).
+    end of the writer's lease) until granted or ``wait`` seconds pass, woken
+    early by the writer's release or revoke (LISTEN/NOTIFY on PostgreSQL).
+    With ``fair=True`` a waiting reader takes a ticket in the key's queue, the
+    queue writers join with ``acquire(..., fair=True)``: readers and writers
+    are then served in arrival order (a reader queued behind a writer waits
+    for it; readers next to one another in the queue join one group), and a
+    reader that gives up leaves the queue. Without it a reader takes no
+    ticket and every queued waiter is served first.
 
     Raises ``LockHeld`` (who holds it, until when, ``retry_after``),
     ``InvalidInput`` for a bad key, holder, ttl, wait or lock_delay,
@@ -82,12 +89,22 @@ def acquire_shared(
     backend = get_backend(using)
     started = time.monotonic()
     pace = _Pace(wait)
-    while True:
-        try:
-            lease, taken_over = grant_shared(backend, key, holder, lease_seconds, delay)
-            break
-        except LockHeld as held:
-            time.sleep(pace.pause(held))
+    try:
+        lease, taken_over = grant_shared(backend, key, holder, lease_seconds, delay)
+    except LockHeld:
+        if wait <= 0:
+            raise
+        # Woken by the writer's release or revoke (PostgreSQL), else polling.
+        with _Waiter(backend, key, holder, fair=fair, wait=wait) as waiter:
+            while True:
+                try:
+                    lease, taken_over = grant_shared(
+                        backend, key, holder, lease_seconds, delay, waiter.ticket
+                    )
+                    waiter.ticket = None  # consumed by the grant
+                    break
+                except LockHeld as held:
+                    waiter.sleep(pace.pause(held, woken=waiter.woken_by_notify))
     if logger.isEnabledFor(logging.INFO):
         logger.info(
             "lock acquired %s",

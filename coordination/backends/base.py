@@ -20,7 +20,7 @@ from __future__ import annotations
 import abc
 import datetime as dt
 import secrets
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, ClassVar, NamedTuple, Protocol
 
@@ -286,9 +286,9 @@ def _format(
 class Listener(Protocol):
     """A waiter's wake-up connection (see :meth:`GrantPoint.listen`)."""
 
-    def wait(self, key: str, timeout: float) -> bool:
-        """Block until a release or revocation of ``key`` is announced (True) or
-        ``timeout`` seconds pass (False). Raises if the connection is lost."""
+    def wait(self, keys: Collection[str], timeout: float) -> bool:
+        """Block until a release or revocation of one of ``keys`` is announced
+        (True) or ``timeout`` seconds pass (False). Raises if the connection is lost."""
         ...
 
     def close(self) -> None: ...

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Collection
 from contextlib import suppress
 from typing import Any
 from weakref import WeakKeyDictionary
@@ -453,11 +454,11 @@ class _PgListener:
     def __init__(self, connection: Any) -> None:
         self._connection = connection
 
-    def wait(self, key: str, timeout: float) -> bool:
+    def wait(self, keys: Collection[str], timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         while (left := deadline - time.monotonic()) > 0:
             for note in self._connection.notifies(timeout=left, stop_after=1):
-                if note.payload == key:
+                if note.payload in keys:
                     return True
         return False
 

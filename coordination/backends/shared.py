@@ -74,14 +74,19 @@ def held_by_readers(lock: Lock | LockSnapshot) -> bool:
     return bool(lock.holder) and lock.lease_hash == SHARED_LEASE_HASH
 
 
-def grant_shared(point: GrantPoint, key: str, holder: str, ttl: float, lock_delay: float) -> Acquired:
+def grant_shared(
+    point: GrantPoint, key: str, holder: str, ttl: float, lock_delay: float,
+    ticket: int | None = None,
+) -> Acquired:
     """Grant ``key`` to ``holder`` as one more reader for ``ttl`` seconds.
 
     Grantable when the key is free, held by readers whose group lease is live,
     or held by a lease (a writer's or the readers') that has expired with its
-    lock-delay over; and, as for writers, when no fair waiter's ticket is
-    live (a writer queued fairly is never overtaken by readers) and a token
-    is left. Otherwise raises the ``LockHeld`` or ``TokenExhausted`` of
+    lock-delay over; and, as for writers, when no fair waiter's live ticket is
+    ahead (``ticket``: the reader's own place in the key's queue, which the
+    grant consumes; without one every live ticket is ahead, so a writer queued
+    fairly is never overtaken by readers) and a token is left. Otherwise
+    raises the ``LockHeld`` or ``TokenExhausted`` of
     :func:`~coordination.backends.base.grant_refusal`. The reader gets the
     key's next token; the group's lease is extended to cover its own.
     """
@@ -96,7 +101,8 @@ def grant_shared(point: GrantPoint, key: str, holder: str, ttl: float, lock_dela
         live_group = held_by_readers(lock) and lock.expires_at is not None and lock.expires_at > now
         # Joining a live group: only the fair queue and the token limit can refuse.
         rule_sees = snapshot._replace(holder="", delay_until=None) if live_group else snapshot
-        ahead = Ticket.objects.using(alias).filter(lock_key=key, expires_at__gt=now).count()
+        queue = Ticket.objects.using(alias).filter(lock_key=key, expires_at__gt=now)
+        ahead = (queue if ticket is None else queue.filter(id__lt=ticket)).count()
         refusal = grant_refusal(rule_sees, now, ahead, floor)
         if refusal is not None:
             raise refusal
@@ -132,6 +138,12 @@ def grant_shared(point: GrantPoint, key: str, holder: str, ttl: float, lock_dela
             expires_at=group_end,
             lock_delay=lock_delay, delay_until=None,
         )
+        if ticket is not None:
+            Ticket.objects.using(alias).filter(pk=ticket).delete()
+            if Ticket.objects.using(alias).filter(lock_key=key).exists():
+                # At commit: the next waiter is first now (another reader may
+                # join this group at once).
+                point.wake(key)
     lease = Lease(
         key=key, token=token, lease_id=lease_id, holder=holder, acquired_at=now,
         expires_at=expires_at, mode=GrantMode.SHARED.value,

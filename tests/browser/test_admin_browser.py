@@ -19,10 +19,15 @@ from django.contrib.auth.models import User
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from coordination import locks
+from coordination.exceptions import StaleToken
+from coordination.fencing import fence
 from coordination.models import Grant, Lock, Rejection
+from coordination.semaphores import acquire_permit, permit_slot
+from coordination.shared import acquire_shared
 from tests.support.admin_story import tell_the_seed_story
 from tests.support.demo import run_demo
 from tests.support.legs import missing_service
+from tests.support.waiting import wait_until_database_time_passes
 
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -103,6 +108,73 @@ def test_dashboard_marks_the_late_writers_refused_write_on_the_timeline(
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
+
+
+def test_dashboard_draws_a_semaphores_slots_as_rows_of_one_timeline_and_readers_apart(
+    page: Page, live_server: Any, operator: User
+) -> None:
+    # Semaphore "exports" of limit 2: A's permit runs out (A paused), C takes
+    # its slot and writes, A's late write is refused; B holds the other slot.
+    a = acquire_permit("exports", limit=2, holder="exporter-A", ttl=0.5)
+    b = acquire_permit("exports", limit=2, holder="exporter-B", ttl=60)
+    wait_until_database_time_passes(a.expires_at)
+    c = acquire_permit("exports", limit=2, holder="exporter-C", ttl=60)
+    assert c.key == a.key and c.token == a.token + 1
+    target = f"export-target:{a.key}"
+    with fence(target, c):
+        pass
+    with pytest.raises(StaleToken), fence(target, a):
+        pass
+    # And a key with readers and then a writer: the modes are drawn apart.
+    reader = acquire_shared("report:7", holder="reader-1", ttl=30)
+    locks.release(reader)
+    writer = locks.acquire("report:7", holder="writer", ttl=30)
+    log_in(page, live_server.url)
+
+    page.click("#coordination-dashboard-link a")
+    figure = page.locator('figure[data-semaphore="exports"]')
+    expect(figure).to_be_visible()
+    expect(figure.locator(".coordination-badge")).to_have_attribute("data-held", "2")
+    # One timeline for the semaphore, none for its slots' keys on their own.
+    expect(page.locator('svg.coordination-timeline[data-key^="exports@"]')).to_have_count(1)
+    slots = figure.locator("svg.coordination-semaphore-timeline g.slot")
+    expect(slots).to_have_count(2)
+    a_row = figure.locator(f'g.slot[data-slot="{permit_slot(a)}"]')
+    expect(a_row).to_have_attribute("data-key", a.key)
+    expect(a_row.locator("rect[data-kind=grant]")).to_have_count(2)
+    a_bar = a_row.locator(f'rect[data-token="{a.token}"]')
+    c_bar = a_row.locator(f'rect[data-token="{c.token}"]')
+    b_bar = figure.locator(f'g.slot[data-slot="{permit_slot(b)}"] rect[data-token="{b.token}"]')
+    expect(a_bar).to_have_attribute("data-end", "expired")
+    expect(c_bar).to_have_attribute("data-holder", "exporter-C")
+    refused = figure.locator(f'[data-kind="refused-write"][data-token="{a.token}"]')
+    expect(refused).to_have_attribute("data-reason", "stale_token")
+
+    a_box, b_box, c_box = a_bar.bounding_box(), b_bar.bounding_box(), c_bar.bounding_box()
+    refused_box = refused.bounding_box()
+    assert a_box and b_box and c_box and refused_box
+    # A slot's permits follow one another on its row; the other slot's run beside them.
+    assert a_box["y"] == c_box["y"] != b_box["y"]
+    assert a_box["x"] + a_box["width"] <= c_box["x"] + 1
+    assert b_box["x"] < c_box["x"] + c_box["width"] and c_box["x"] < b_box["x"] + b_box["width"]
+    # A's refused write is on A's row, after A's bar.
+    assert a_box["y"] <= refused_box["y"] + refused_box["height"] / 2 <= a_box["y"] + a_box["height"]
+    assert refused_box["x"] + refused_box["width"] / 2 > a_box["x"] + a_box["width"]
+
+    report = page.locator('svg.coordination-timeline[data-key="report:7"]')
+    reader_bar = report.locator(f'rect[data-token="{reader.token}"]')
+    writer_bar = report.locator(f'rect[data-token="{writer.token}"]')
+    expect(reader_bar).to_have_attribute("data-mode", "shared")
+    expect(writer_bar).to_have_attribute("data-mode", "exclusive")
+    # Drawn apart: a reader's bar is lighter than a writer's, and outlined.
+    opacity = "e => parseFloat(getComputedStyle(e).fillOpacity)"
+    assert reader_bar.evaluate(opacity) < writer_bar.evaluate(opacity)
+    assert reader_bar.evaluate("e => getComputedStyle(e).strokeWidth") == "1.5px"
+    expect(report.locator("text.lane-label", has_text=f"#{reader.token} R")).to_have_count(1)
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "dashboard-primitives.png"), full_page=True)
+    locks.release(writer)
 
 
 def test_revoke_runs_through_its_confirmation_page(

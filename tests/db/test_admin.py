@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 from typing import Any
 
@@ -26,6 +27,7 @@ from coordination.models import (
     Rejection,
     TokenFloor,
 )
+from coordination.semaphores import acquire_permit, permit_slot
 from coordination.shared import acquire_shared
 from tests.support.admin_story import tell_the_seed_story
 from tests.support.waiting import wait_until_database_time_passes
@@ -436,6 +438,51 @@ def test_dashboard_and_grant_list_show_each_grants_mode(admin_client: Client) ->
     grants = admin_client.get(reverse("admin:coordination_grant_changelist"), {"mode": "shared"})
     assert grants.status_code == 200
     assert {g.token for g in grants.context["cl"].result_list} == {r.token for r in readers}
+
+
+def permits_of_exports() -> list[Any]:
+    """Five permits of semaphore "exports" (limit 2), one after another: two live now."""
+    taken = []
+    for n in range(5):
+        taken.append(acquire_permit("exports", limit=2, holder=f"exporter-{n}", ttl=30))
+        if n < 3:
+            locks.release(taken[-1])
+    return taken
+
+
+def test_dashboard_draws_a_semaphores_slots_together_on_one_timeline(admin_client: Client) -> None:
+    taken = permits_of_exports()
+    plain = locks.acquire("job:plain", holder="other", ttl=30)
+    response = admin_client.get(reverse(DASHBOARD), {"refresh": "0"})
+    data = response.context["dashboard"]
+    # The slots' keys are the most recent, yet they make one timeline, not two.
+    assert [t.key for t in data.timelines][:2] == ["job:plain", "exports@*"]
+    semaphore = next(t for t in data.timelines if t.semaphore == "exports")
+    assert not [t for t in data.timelines if t.key.startswith("exports@") and not t.semaphore]
+    assert [(row.slot, row.key, row.state) for row in semaphore.slots] == [
+        (1, "exports@1", "held"), (2, "exports@2", "held"),
+    ]
+    assert semaphore.held == 2
+    drawn = sorted((lane.key, lane.token, lane.holder) for lane in semaphore.lanes)
+    assert drawn == sorted((p.key, p.token, p.holder) for p in taken)
+    for row in semaphore.slots:
+        # Each row holds its own slot's grants only, in time order, never overlapping.
+        assert {lane.key for lane in row.lanes} == {row.key}
+        assert all(lane.y == row.y for lane in row.lanes)
+        for earlier, later in itertools.pairwise(row.lanes):
+            assert earlier.ends_at <= later.acquired_at and earlier.token < later.token
+    html = response.content.decode()
+    assert re.search(r'<g class="slot" data-slot="2" data-key="exports@2" data-state="held">', html)
+    last = taken[-1]
+    assert re.search(
+        rf'data-token="{last.token}" data-holder="{last.holder}"[^>]*data-mode="exclusive" '
+        rf'data-slot="{permit_slot(last)}" data-lock="{last.key}"', html,
+    )
+    # Chosen by name (or by any slot's key) it is the same timeline.
+    for key in ("exports@*", "exports@2"):
+        chosen = admin_client.get(reverse(DASHBOARD), {"key": key}).context["dashboard"]
+        assert [t.key for t in chosen.timelines] == ["exports@*"]
+    locks.release(plain)
 
 
 def test_dashboard_counts_and_charts_the_last_hour(admin_client: Client) -> None:

@@ -4,12 +4,15 @@ checker itself is tested on hand-made histories in tests/unit/test_chaos_checker
 
 from __future__ import annotations
 
+import datetime as dt
 import io
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import pytest
@@ -116,3 +119,70 @@ def test_a_short_chaos_run_on_the_embedded_sqlite_default_keeps_the_contract() -
     assert report.passed, report.summary()
     assert report.figures["refused_by_reason"].get("stale_token", 0) > 0
     assert report.figures["worker_crashes"] == 0
+
+
+@pytest.mark.postgres
+@pytest.mark.legs("pg", reason="a real run of every primitive; the other legs run the same code")
+@pytest.mark.django_db(transaction=True)
+def test_a_chaos_run_of_readers_permits_and_sets_keeps_their_invariants(tmp_path: Path) -> None:
+    history = tmp_path / "history.jsonl"
+    config = ChaosConfig(seconds=8, workers=4, keys=2, ttl=0.8, fault_interval=0.8,
+                         faults=("pause", "kill"), primitives=True, extend_up_to=8,
+                         history=str(history))
+    report = ChaosRun(config, out=io.StringIO()).run()
+
+    assert report.passed, report.summary()
+    assert report.figures["worker_crashes"] == 0, report.summary()
+    events = list(read_events(history))
+    ops = checker.build_ops(events)
+    granted = {kind: sum(1 for op in ops if op.op == kind and op.ok)
+               for kind in ("acquire", "acquire_permit", "acquire_many")}
+    readers = sum(1 for op in ops if op.op == "acquire" and op.ok and op.result.get("mode") == "shared")
+    assert min(granted.values()) > 0 and readers > 0, granted
+    assert report.figures["stale_write_attempts"] > 0, report.summary()
+    (semaphore,) = [e for e in events if e.get("type") == "semaphore"]
+    assert any(e.get("type") == "grant_row" and e["key"].startswith(semaphore["name"] + "@")
+               for e in events)
+
+    # The same real history with each invariant broken: the checker says so.
+    def found(
+        extra: list[dict[str, Any]], edit: Callable[[dict[str, Any]], None] | None = None
+    ) -> set[str]:
+        changed = [dict(event) for event in events]
+        if edit is not None:
+            for event in changed:
+                edit(event)
+        return {v.check for v in checker.check(changed + extra).violations}
+
+    rows = [e for e in events if e.get("type") == "grant_row"]
+    first = min(e["acquired_at"] for e in rows)
+    last = max(e["expires_at"] for e in rows)
+    name = semaphore["name"]
+    # Two more permits live over the whole run, on slots above the limit.
+    intruders = [{"type": "grant_row", "key": f"{name}@{slot}", "token": 1, "holder": "intruder",
+                  "acquired_at": first, "expires_at": last, "ended_at": None, "mode": "exclusive",
+                  "mono": 0.0} for slot in (3, 4)]
+    assert {"permit_above_limit", "permits_above_limit"} <= found(intruders)
+
+    # A writer granted while a reader of its key is live.
+    reader = next(e for e in rows if e["mode"] == "shared")
+    top = max(e["token"] for e in rows if e["key"] == reader["key"])
+    end = dt.datetime.fromisoformat(last)
+    overlap = [
+        {"type": "grant_row", "key": reader["key"], "token": top + 1, "holder": "late-reader",
+         "mode": "shared", "acquired_at": (end + dt.timedelta(seconds=1)).isoformat(),
+         "expires_at": (end + dt.timedelta(seconds=3)).isoformat(), "ended_at": None, "mono": 0.0},
+        {"type": "grant_row", "key": reader["key"], "token": top + 2, "holder": "writer",
+         "mode": "exclusive", "acquired_at": (end + dt.timedelta(seconds=2)).isoformat(),
+         "expires_at": (end + dt.timedelta(seconds=4)).isoformat(), "ended_at": None, "mono": 0.0},
+    ]
+    assert "writer_overlaps_readers" in found(overlap)
+
+    # A granted set acknowledged with one of its keys missing.
+    whole = next(op for op in ops if op.op == "acquire_many" and op.ok)
+
+    def drop_a_key(event: dict[str, Any]) -> None:
+        if event.get("type") == "complete" and event.get("id") == whole.id:
+            event["grants"] = dict(list(event["grants"].items())[:-1])
+
+    assert "set_partial" in found([], drop_a_key)

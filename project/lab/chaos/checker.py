@@ -38,6 +38,7 @@ import datetime as dt
 import itertools
 import json
 import math
+import re
 import sys
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
@@ -49,6 +50,10 @@ from .history import Event, read_events
 __all__ = ["Op", "Report", "Violation", "check", "main"]
 
 INF = math.inf
+GRANTS = {"acquire", "acquire_permit"}
+"""Operations that acknowledge one grant of one key (a permit's key is its slot)."""
+SHARED_HOLDERS = re.compile(r"\d+ shared holders?")
+"""How a refusal names the readers holding a key together (coordination.backends.shared)."""
 
 
 @dataclass
@@ -189,6 +194,8 @@ def build_ops(events: Iterable[Event]) -> list[Op]:
             op.outcome = event.get("outcome", "unknown")
             op.reason = event.get("reason", "") or ""
             op.result = event
+            if not op.key and event.get("key"):
+                op.key = str(event["key"])  # a permit: its slot is known once granted
             if op.token is None and event.get("token") is not None:
                 op.token = int(event["token"])
             if op.outcome == "unknown":
@@ -237,7 +244,7 @@ def _check_grants(
 ) -> tuple[dict[str, list[GrantSpan]], int]:
     acquires: dict[str, list[Op]] = defaultdict(list)
     for op in ops:
-        if op.op == "acquire" and op.ok and op.token is not None:
+        if op.op in GRANTS and op.ok and op.token is not None:
             acquires[op.key].append(op)
 
     for key, granted in acquires.items():
@@ -393,7 +400,7 @@ def _grant_spans(ops: list[Op], events: Sequence[Event]) -> dict[str, list[Grant
         if not op.ok or op.token is None:
             continue
         result = op.result
-        if op.op == "acquire":
+        if op.op in GRANTS:
             acquired, expires = _time(result.get("acquired_at")), _time(result.get("expires_at"))
             if acquired and expires:
                 spans[op.key][op.token] = GrantSpan(
@@ -434,8 +441,12 @@ def _check_lock_refusals(
                 continue
             until = _time(op.result.get("expires_at"))
             holder = op.result.get("holder")
+            # A group of readers is named by its count: any reader live then.
+            readers = SHARED_HOLDERS.fullmatch(str(holder)) is not None
             if until is None or not any(
-                span.holder == holder and span.acquired_at < until <= span.expires_at for span in key_spans
+                (span.shared if readers else span.holder == holder)
+                and span.acquired_at < until <= span.expires_at
+                for span in key_spans
             ):
                 violations.append(Violation(
                     "unjustified_refusal",

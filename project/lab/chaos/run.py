@@ -56,6 +56,10 @@ class ChaosConfig:
     documents: bool | None = None  # None: when coordination.documents is installed
     faults: tuple[str, ...] = field(default=FAULT_KINDS)
     celery: bool = False  # the workers are `celery worker` processes running a fenced task
+    # Readers, permits of a semaphore and sets of two keys besides exclusive
+    # grants (plain workers only; see project.lab.chaos.worker).
+    primitives: bool = False
+    permits: int = 2  # the semaphore's limit when ``primitives`` is on
     celery_app: str = "project"
     # Seconds the run may go on past ``seconds`` while no stale write was attempted.
     extend_up_to: float = 60.0
@@ -105,6 +109,7 @@ class ChaosRun:
         self.queue = f"coordination-chaos-{os.getpid()}-{self.seed:x}"
         self.crashes = 0
         self.sent = 0
+        self.semaphore = f"chaos-permits-{os.getpid()}-{self.seed:x}"
 
     # --- the run ----------------------------------------------------------------
 
@@ -128,10 +133,14 @@ class ChaosRun:
         kinds = self._available_faults()
         self.log.write({"type": "run", "config": {**asdict(config), "seed": self.seed},
                         "faults_available": kinds, "documents": self.documents, "database": self.vendor})
+        if self.primitives:
+            # The checker counts this semaphore's live permits against its limit.
+            self.log.write({"type": "semaphore", "name": self.semaphore, "limit": config.permits})
         self._say(
             f"chaos: {config.workers} workers, {config.keys} keys, ttl {config.ttl:g} s, "
             f"{config.seconds:g} s, seed {self.seed}, fencing {'on' if config.fencing else 'OFF'}, "
             f"{'celery workers running a fenced task, ' if config.celery else ''}"
+            f"{'readers, permits and sets too, ' if self.primitives else ''}"
             f"faults: {', '.join(kinds) or 'none'}"
         )
         for _ in range(config.workers):
@@ -179,6 +188,18 @@ class ChaosRun:
         self._stop_workers()
         self._sample()
         return self._finish()
+
+    @property
+    def primitives(self) -> bool:
+        return self.config.primitives and not self.config.celery
+
+    @property
+    def lock_keys(self) -> list[str]:
+        """Every lock key of the run: the accounts' and, with primitives, the slots'."""
+        keys = [f"account:{pk}" for pk in self.accounts]
+        if self.primitives:
+            keys += [f"{self.semaphore}@{slot}" for slot in range(1, self.config.permits + 1)]
+        return keys
 
     @property
     def vendor(self) -> str:
@@ -259,6 +280,7 @@ class ChaosRun:
             "accounts": self.accounts, "ttl": self.config.ttl,
             "seed": self.rng.randrange(2**32), "fencing": self.config.fencing,
             "documents": self.documents, "history": str(self.workdir / f"{name}.jsonl"),
+            "primitives": self.primitives, "semaphore": self.semaphore, "limit": self.config.permits,
             "phase": str(phase), "settings": settings.SETTINGS_MODULE,
             "database": self._worker_database(name),
         }
@@ -433,7 +455,7 @@ class ChaosRun:
 
     def _sample(self) -> None:
         assert self.log is not None
-        keys = [f"account:{pk}" for pk in self.accounts]
+        keys = self.lock_keys
         try:
             observed = _observe(self.alias, keys, self.accounts)
         except (DatabaseError, InterfaceError):
@@ -450,7 +472,7 @@ class ChaosRun:
         assert self.log is not None
         log, alias = self.log, self.alias
         self._query(lambda cursor: cursor.execute("SELECT 1"))  # wait for a restarting server
-        keys = [f"account:{pk}" for pk in self.accounts]
+        keys = self.lock_keys
         for grant in Grant.objects.using(alias).filter(lock__key__in=keys).select_related("lock"):
             log.write({"type": "grant_row", "key": grant.lock.key, "token": grant.token,
                        "holder": grant.holder, "acquired_at": iso(grant.acquired_at),
@@ -462,8 +484,9 @@ class ChaosRun:
             log.write({"type": "final", "resource": f"account:{account.pk}", "token": account.fence,
                        "step": account.fence_step, "value": int(account.balance)})
         fences = {f.resource: f for f in Fence.objects.using(alias).filter(lock_key__in=keys)}
-        for pk in self.accounts:
-            resource = f"ledger:{pk}"
+        for resource in [f"ledger:{pk}" for pk in self.accounts] + [
+            f"ledger:{key}" for key in keys if not key.startswith("account:")
+        ]:
             ledger = IdempotencyRecord.objects.using(alias).filter(key__startswith=f"chaos:{resource}:")
             records = {record.key: record.result for record in ledger}
             log.write({"type": "stored_resource", "resource": resource})
@@ -500,7 +523,7 @@ class ChaosRun:
             faults_requested=list(self._available_faults()),
             faults_missing=sorted(set(self._available_faults()) - set(report.figures["faults_by_kind"])),
             worker_crashes=sum(1 for event in events if event.get("type") == "worker_exit"),
-            celery=self.config.celery, tasks_sent=self.sent,
+            celery=self.config.celery, tasks_sent=self.sent, primitives=self.primitives,
         )
         return report
 

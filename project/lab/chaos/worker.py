@@ -8,6 +8,15 @@ logged before and after (see :mod:`project.lab.chaos.history`).
 
 With ``fencing`` off (the negative control) the same writes are plain updates.
 
+With ``primitives`` on, each cycle is one of four, at random: the exclusive
+acquire above; a reader (``acquire_shared`` of the same key, writing the
+ledger: a read-derived write a writer's later token must refuse); a permit of
+the run's semaphore (``acquire_permit``, writing the ledger of its slot,
+``ledger:<name>@<slot>``); or a set of two keys (``acquire_many`` under a
+holder name of its own, writing both accounts and ledgers). The history
+records each so the checker judges its invariants: at most ``limit`` live
+permits, no writer overlapping readers, every set all or none.
+
 A database error mid-call (the connection was terminated, the server restarted)
 makes the outcome unknown: the write may or may not have committed. The worker
 closes the connection, so Django reconnects on the next query, and goes on.
@@ -43,6 +52,9 @@ class Worker:
         self.ttl: float = float(config["ttl"])
         self.fencing: bool = bool(config["fencing"])
         self.documents: bool = bool(config.get("documents"))
+        self.primitives: bool = bool(config.get("primitives"))
+        self.semaphore: str = str(config.get("semaphore") or "")
+        self.limit: int = int(config.get("limit") or 0)
         self.rng = random.Random(config["seed"])
         self.history = HistoryWriter(config["history"])
         self.phase_fd = os.open(config["phase"], os.O_RDWR | os.O_CREAT, 0o644)
@@ -55,7 +67,13 @@ class Worker:
 
     # --- logging around every call ------------------------------------------
 
-    def perform(self, op: str, fields: dict[str, Any], call: Callable[[], dict[str, Any]]) -> tuple[str, Any]:
+    def perform(
+        self, op: str, fields: dict[str, Any], call: Callable[[], dict[str, Any]],
+        always: dict[str, Any] | None = None,
+    ) -> tuple[str, Any]:
+        """Run ``call`` between an invoke and a complete event; ``always`` is
+        written into the complete event whatever the outcome (last, so a
+        refusal's own fields, such as the blocking holder, never replace it)."""
         from django.db import DatabaseError, InterfaceError
 
         from coordination.exceptions import (
@@ -76,7 +94,7 @@ class Worker:
             # The connection was cut under the call: it may or may not have taken
             # effect, exactly like a database error below (not a refusal).
             done.update(outcome="unknown", error=f"{type(error).__name__}: {error}"[:300])
-            self.history.write(done)
+            self.history.write({**done, **(always or {})})
             self.reconnect()
             return "unknown", error
         except CoordinationError as error:
@@ -89,16 +107,16 @@ class Worker:
                 done["watermark"] = [fields.get("token"), error.current_step]
             if isinstance(error, LeaseLost):
                 done["db_time"] = self.database_time()
-            self.history.write(done)
+            self.history.write({**done, **(always or {})})
             return "refused", error
         except (DatabaseError, InterfaceError) as error:
             done.update(outcome="unknown", error=f"{type(error).__name__}: {error}"[:300])
-            self.history.write(done)
+            self.history.write({**done, **(always or {})})
             self.reconnect()
             return "unknown", error
         self.failures = 0
         done.update(outcome="ok", **result)
-        self.history.write(done)
+        self.history.write({**done, **(always or {})})
         return "ok", result
 
     def database_time(self) -> str | None:
@@ -131,6 +149,17 @@ class Worker:
         self.history.close()
 
     def cycle(self) -> None:
+        if self.primitives:
+            kind = self.rng.choice(["exclusive", "shared", "permit", "set"])
+            if kind == "shared":
+                return self.cycle_shared()
+            if kind == "permit":
+                return self.cycle_permit()
+            if kind == "set":
+                return self.cycle_set()
+        self.cycle_exclusive()
+
+    def cycle_exclusive(self) -> None:
         from coordination import locks
 
         pk = self.rng.choice(self.keys)
@@ -151,6 +180,96 @@ class Worker:
         grant = holder["grant"]
         self.work(grant, pk)
         self.release(grant)
+
+    def cycle_shared(self) -> None:
+        """A reader of an account's key: its ledger write is read-derived, so a
+        writer's later token must refuse it once the writer has written."""
+        from coordination.shared import acquire_shared
+
+        pk = self.rng.choice(self.keys)
+        key = f"account:{pk}"
+        holder: dict[str, Any] = {}
+
+        def acquire() -> dict[str, Any]:
+            grant = acquire_shared(key, holder=self.name, ttl=self.ttl, wait=self.ttl * 2)
+            holder["grant"] = grant
+            return {**granted(grant), "mode": grant.mode}
+
+        outcome, _ = self.perform("acquire", {"key": key, "mode": "shared"}, acquire)
+        if outcome != "ok":
+            return
+        grant = holder["grant"]
+        self.set_phase(HOLDING)
+        try:
+            time.sleep(self.rng.uniform(0.0, self.ttl * 0.3))
+            if self.rng.random() < 0.5:
+                self.renew(grant)
+            self.write_ledger(grant, pk)
+        finally:
+            self.set_phase(IDLE)
+        self.release(grant)
+
+    def cycle_permit(self) -> None:
+        """A permit of the run's semaphore; it writes the ledger of its slot."""
+        from coordination.semaphores import acquire_permit
+
+        holder: dict[str, Any] = {}
+
+        def acquire() -> dict[str, Any]:
+            permit = acquire_permit(
+                self.semaphore, limit=self.limit, holder=self.name, ttl=self.ttl, wait=self.ttl * 2,
+            )
+            holder["grant"] = permit
+            return {"key": permit.key, **granted(permit)}
+
+        outcome, _ = self.perform(
+            "acquire_permit", {"semaphore": self.semaphore, "limit": self.limit}, acquire
+        )
+        if outcome != "ok":
+            return
+        permit = holder["grant"]
+        self.set_phase(HOLDING)
+        try:
+            time.sleep(self.rng.uniform(0.0, self.ttl * 0.3))
+            if self.rng.random() < 0.5:
+                self.renew(permit)
+            self.write_ledger(permit, permit.key)
+        finally:
+            self.set_phase(IDLE)
+        self.release(permit)
+
+    def cycle_set(self) -> None:
+        """Two keys at once (all or none), under a holder name of this set's own,
+        so the checker can tell whether a refused set left a grant behind."""
+        from coordination import locks
+
+        pks = sorted(self.rng.sample(self.keys, min(2, len(self.keys))))
+        keys = [f"account:{pk}" for pk in pks]
+        set_holder = f"{self.name}-set{self.ops + 1}"
+        holder: dict[str, Any] = {}
+
+        def acquire() -> dict[str, Any]:
+            grants = locks.acquire_many(keys, holder=set_holder, ttl=self.ttl, wait=self.ttl * 2)
+            holder["grants"] = grants
+            return {"grants": {key: lease.token for key, lease in grants.items()}}
+
+        outcome, _ = self.perform(
+            "acquire_many", {"keys": keys}, acquire, always={"keys": keys, "holder": set_holder}
+        )
+        if outcome != "ok":
+            return
+        grants = holder["grants"]
+        self.set_phase(HOLDING)
+        try:
+            time.sleep(self.rng.uniform(0.0, self.ttl * 0.3))
+            for pk in pks:
+                grant = grants[f"account:{pk}"]
+                self.write_account(grant, pk)
+                self.write_ledger(grant, pk)
+        finally:
+            self.set_phase(IDLE)
+        for pk in pks:
+            self.release(grants[f"account:{pk}"])
 
     def work(self, grant: Any, pk: int) -> None:
         """The writes made under one grant."""
@@ -223,8 +342,9 @@ class Worker:
 
         self.perform("write", self.write_fields(grant, f"account:{pk}", step, value), write)
 
-    def write_ledger(self, grant: Any, pk: int) -> None:
-        """A Fence-guarded side effect: a ledger record committed with the watermark."""
+    def write_ledger(self, grant: Any, pk: int | str) -> None:
+        """A Fence-guarded side effect: a ledger record committed with the watermark
+        (``ledger:<pk>`` for an account, ``ledger:<name>@<slot>`` for a permit)."""
         resource = f"ledger:{pk}"
         step, value = grant.next_step(), self.next_value()
         fields = self.write_fields(grant, resource, step, value)
@@ -282,6 +402,14 @@ class Worker:
             return {}
 
         self.perform("write", self.write_fields(grant, resource, step, value), write)
+
+
+def granted(grant: Any) -> dict[str, Any]:
+    """What an acknowledged grant records in the history."""
+    return {
+        "token": grant.token, "holder": grant.holder,
+        "acquired_at": iso(grant.acquired_at), "expires_at": iso(grant.expires_at),
+    }
 
 
 def unchecked_watermark(token_field: str, step_field: str, token: int, step: int) -> dict[str, Any]:

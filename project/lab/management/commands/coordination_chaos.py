@@ -61,6 +61,14 @@ class Command(BaseCommand):
             help="the workers are `celery worker` processes running a fenced_task (needs a broker)",
         )
         parser.add_argument(
+            "--primitives", action="store_true",
+            help="workers also take readers (acquire_shared), permits of a semaphore of limit "
+                 "--permits (acquire_permit) and sets of two keys (acquire_many); the checker "
+                 "judges their invariants (not with --celery)",
+        )
+        parser.add_argument("--permits", type=int, default=2,
+                            help="the semaphore's limit with --primitives (default 2)")
+        parser.add_argument(
             "--celery-app", default="project", help="the Celery app module for --celery (default project)"
         )
         parser.add_argument(
@@ -106,7 +114,10 @@ class Command(BaseCommand):
             manage_postgres=options["manage_postgres"], history=options["history"],
             fault_interval=options["fault_interval"], documents=options["documents"], faults=faults,
             celery=options["celery"], celery_app=options["celery_app"],
+            primitives=options["primitives"], permits=options["permits"],
         )
+        if config.primitives and config.celery:
+            raise CommandError("--primitives runs plain workers; leave out --celery")
         try:
             report = ChaosRun(config, out=self.stdout).run()
         except KeyboardInterrupt:
