@@ -62,6 +62,9 @@ class BenchConfig:
     scale_grants: int = 10_000_000
     scale_samples: int = 2000
     redis_url: str | None = None
+    # The optional consensus peers: etcd's v3 JSON gateway, ZooKeeper's hosts.
+    etcd_url: str | None = None
+    zookeeper: str | None = None
     scale_database: str | None = None
     include_scale: bool = True
     wakeup_samples: int = 30
@@ -410,6 +413,152 @@ def redis_client(url: str, hot: bool) -> ClientFactory:
     return make
 
 
+def etcd_client(url: str, hot: bool) -> ClientFactory:
+    """etcd's lease + txn lock, through its v3 JSON gateway on one kept-alive HTTP connection.
+
+    Acquire: grant a lease (its TTL is the lock's expiry), then one txn: if the
+    key's ``create_revision`` is 0 (no one holds it), put it attached to the
+    lease. The put's revision is the grant's token (it grows with every write
+    to the store). Release: delete the key. Three round trips and three raft
+    commits (each fsynced) per cycle. The lease of a released lock is left to
+    run out, as the brief's recipe does; revoking it would be a fourth commit.
+    """
+
+    def make(index: int) -> Operation:
+        import base64
+        import http.client
+        import json
+        from urllib.parse import urlsplit
+
+        where = urlsplit(url)
+        conn = http.client.HTTPConnection(where.hostname or "127.0.0.1", where.port or 2379, timeout=30)
+        keys = [b"bench-hot"] if hot else [f"bench-{index}-{n}".encode() for n in range(64)]
+        encoded = [base64.b64encode(key).decode() for key in keys]
+        counter = iter(range(10**12))
+
+        def call(path: str, body: dict[str, Any]) -> dict[str, Any]:
+            conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+            response = conn.getresponse()
+            answer: dict[str, Any] = json.loads(response.read())
+            if response.status != 200:
+                raise RuntimeError(f"etcd {path}: {response.status} {answer}")
+            return answer
+
+        def cycle() -> bool:
+            key = encoded[next(counter) % len(encoded)]
+            lease = call("/v3/lease/grant", {"TTL": 30})["ID"]
+            answer = call("/v3/kv/txn", {
+                "compare": [{"key": key, "target": "CREATE", "create_revision": "0"}],
+                "success": [{"request_put": {"key": key, "value": "aG9sZGVy", "lease": lease}}],
+            })
+            if not answer.get("succeeded"):
+                return False
+            token = int(answer["header"]["revision"])  # the fencing token a resource would check
+            assert token > 0
+            call("/v3/kv/deleterange", {"key": key})
+            return True
+
+        return cycle
+
+    return make
+
+
+def etcd_available(url: str | None) -> str | None:
+    """Why the etcd peer cannot run, or None if etcd answers."""
+    if not url:
+        return "no etcd URL (--etcd-url or COORDINATION_BENCH_ETCD_URL; bin/bench-peers.sh start runs one)"
+    import http.client
+    import json
+    from urllib.parse import urlsplit
+
+    where = urlsplit(url)
+    try:
+        conn = http.client.HTTPConnection(where.hostname or "127.0.0.1", where.port or 2379, timeout=3)
+        conn.request("POST", "/v3/maintenance/status", "{}")
+        response = conn.getresponse()
+        status = json.loads(response.read())
+        conn.close()
+    except (OSError, ValueError) as error:
+        return f"etcd at {url} does not answer: {error}"
+    if response.status != 200 or "version" not in status:
+        return f"etcd at {url} has no v3 JSON gateway: {response.status} {status}"
+    return None
+
+
+def zookeeper_client(hosts: str, hot: bool) -> ClientFactory:
+    """kazoo's Lock recipe: an ephemeral sequential node under the lock's path,
+    held while it is the lowest; released by deleting it.
+
+    Non-blocking, as the other systems: when another node is lower, kazoo deletes
+    its own node again and the attempt counts as refused. The node's sequence
+    number grows per lock and could serve as a token; the recipe does not hand
+    it to the caller as one. The lock lives as long as the client's session.
+    """
+
+    def make(index: int) -> Operation:
+        from kazoo.client import KazooClient  # type: ignore[import-untyped]
+
+        logging.getLogger("kazoo").setLevel(logging.WARNING)
+        client = KazooClient(hosts=hosts, timeout=30)
+        client.start(timeout=30)
+        root = f"/{BENCH_SCHEMA}"
+        paths = [f"{root}/hot"] if hot else [f"{root}/{index}-{n}" for n in range(64)]
+        for path in paths:  # created once here, as a long-lived service would have them
+            client.ensure_path(path)
+        locks_by_path = {path: client.Lock(path, f"client-{index}") for path in paths}
+        counter = iter(range(10**12))
+
+        def cycle() -> bool:
+            lock = locks_by_path[paths[next(counter) % len(paths)]]
+            if not lock.acquire(blocking=False):
+                return False
+            lock.release()
+            return True
+
+        return cycle
+
+    return make
+
+
+def zookeeper_available(hosts: str | None) -> str | None:
+    """Why the ZooKeeper peer cannot run, or None if it answers."""
+    if not hosts:
+        return (
+            "no ZooKeeper hosts (--zookeeper or COORDINATION_BENCH_ZOOKEEPER; "
+            "bin/bench-peers.sh start runs one)"
+        )
+    try:
+        from kazoo.client import KazooClient
+    except ImportError:
+        return "kazoo is not installed (requirements/tools.txt pins it)"
+    client = KazooClient(hosts=hosts, timeout=3)
+    try:
+        client.start(timeout=3)
+    except Exception as error:
+        return f"ZooKeeper at {hosts} does not answer: {error}"
+    finally:
+        with contextlib.suppress(Exception):
+            client.stop()
+            client.close()
+    return None
+
+
+def zookeeper_cleanup(hosts: str) -> None:
+    """Delete the run's lock paths (the nodes of released locks leave their parents)."""
+    from kazoo.client import KazooClient
+
+    client = KazooClient(hosts=hosts, timeout=10)
+    try:
+        client.start(timeout=10)
+        client.delete(f"/{BENCH_SCHEMA}", recursive=True)
+    except Exception:  # a missing path or a gone server leaves nothing to clean
+        pass
+    finally:
+        with contextlib.suppress(Exception):
+            client.stop()
+            client.close()
+
+
 def redis_available(url: str | None) -> str | None:
     """Why Redis cannot be used, or None if it answers."""
     if not url:
@@ -421,6 +570,22 @@ def redis_available(url: str | None) -> str | None:
     except Exception as error:
         return f"Redis at {url} does not answer: {error}"
     return None
+
+
+# What each cycle system gives a caller, shown beside its numbers: a token a
+# resource can check (a fence), and whether a granted lock survives a crash of
+# the service (written to disk before the grant is returned).
+SYSTEM_GIVES: dict[str, dict[str, str]] = {
+    "raw_sql_floor": {"token": "yes", "durable": "yes", "note": "baseline; no history"},
+    "floor_with_history": {"token": "yes", "durable": "yes", "note": "baseline; grant rows"},
+    "locks": {"token": "yes, fenced", "durable": "yes", "note": "grant history"},
+    "locks_prepared": {"token": "yes, fenced", "durable": "yes", "note": "grant history"},
+    "locks_orm": {"token": "yes, fenced", "durable": "yes", "note": "grant history"},
+    "pg_advisory": {"token": "no", "durable": "no", "note": "held by the session"},
+    "redis_lock": {"token": "no", "durable": "no", "note": "in memory, async persistence"},
+    "etcd": {"token": "yes, revision", "durable": "yes", "note": "lease + txn, raft fsync"},
+    "zookeeper": {"token": "node seq, unused", "durable": "yes", "note": "ephemeral, session"},
+}
 
 
 # --- the suites -------------------------------------------------------------------
@@ -449,29 +614,63 @@ def cycle_suite(config: BenchConfig, vendor: str, progress: Callable[[str], None
         systems["redis_lock"] = lambda hot: redis_client(url, hot)
     else:
         skipped["redis_lock"] = why_not
+    # The consensus services, optional: started by the caller (bin/bench-peers.sh).
+    why_not = etcd_available(config.etcd_url)
+    if why_not is None:
+        etcd_url = config.etcd_url
+        assert etcd_url is not None
+        systems["etcd"] = lambda hot: etcd_client(etcd_url, hot)
+    else:
+        skipped["etcd"] = why_not
+    why_not = zookeeper_available(config.zookeeper)
+    if why_not is None:
+        zookeeper = config.zookeeper
+        assert zookeeper is not None
+        systems["zookeeper"] = lambda hot: zookeeper_client(zookeeper, hot)
+    else:
+        skipped["zookeeper"] = why_not
     if config.systems is not None:
         chosen = {*config.systems, "raw_sql_floor", "floor_with_history"}
         systems = {name: make for name, make in systems.items() if name in chosen}
     results: dict[str, Any] = {}
-    for workload, hot in (("many_keys", False), ("hot_key", True)):
-        rows: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
-        for clients in config.clients:
-            # Systems side by side in short rounds, in a shuffled order each
-            # round, so that load from elsewhere falls on all of them alike;
-            # each ratio is taken within a round, then the median is reported.
-            runs: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
-            for round_number in range(config.rounds):
-                order = list(systems)
-                random.shuffle(order)
-                for name in order:
-                    progress(f"{workload} {name} x{clients} round {round_number + 1}")
-                    runs[name].append(run_clients(systems[name](hot), clients, config.duration))
-            for name in systems:
-                rows[name].append(
-                    _combine(runs[name], runs.get("raw_sql_floor"), runs.get("floor_with_history"))
-                )
-        results[workload] = rows
-    return {"systems": list(systems), "skipped": skipped, **results}
+    try:
+        for workload, hot in (("many_keys", False), ("hot_key", True)):
+            results[workload] = _cycle_workload(config, systems, hot, workload, progress)
+    finally:
+        if "zookeeper" in systems and config.zookeeper:
+            zookeeper_cleanup(config.zookeeper)
+    return {
+        "systems": list(systems),
+        "skipped": skipped,
+        "gives": {name: SYSTEM_GIVES[name] for name in [*systems, *skipped] if name in SYSTEM_GIVES},
+        **results,
+    }
+
+
+def _cycle_workload(
+    config: BenchConfig,
+    systems: dict[str, Callable[[bool], ClientFactory]],
+    hot: bool,
+    workload: str,
+    progress: Callable[[str], None],
+) -> dict[str, list[dict[str, Any]]]:
+    rows: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
+    for clients in config.clients:
+        # Systems side by side in short rounds, in a shuffled order each
+        # round, so that load from elsewhere falls on all of them alike;
+        # each ratio is taken within a round, then the median is reported.
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
+        for round_number in range(config.rounds):
+            order = list(systems)
+            random.shuffle(order)
+            for name in order:
+                progress(f"{workload} {name} x{clients} round {round_number + 1}")
+                runs[name].append(run_clients(systems[name](hot), clients, config.duration))
+        for name in systems:
+            rows[name].append(
+                _combine(runs[name], runs.get("raw_sql_floor"), runs.get("floor_with_history"))
+            )
+    return rows
 
 
 def _combine(
@@ -1041,6 +1240,14 @@ def table(results: dict[str, Any]) -> str:
     if cycles:
         for name, why in cycles["skipped"].items():
             lines.append(f"skipped {name}: {why}")
+        gives = cycles.get("gives", {})
+        if gives:
+            lines.append("")
+            lines.append(f"{'system':<20}{'token':<18}{'durable':<9}note")
+            for name in cycles["systems"]:
+                if name in gives:
+                    what = gives[name]
+                    lines.append(f"{name:<20}{what['token']:<18}{what['durable']:<9}{what['note']}")
         for workload in ("many_keys", "hot_key"):
             lines.append("")
             lines.append(f"acquire + release cycles, {workload.replace('_', ' ')}")

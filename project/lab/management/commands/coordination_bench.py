@@ -24,7 +24,7 @@ class Command(BaseCommand):
         "Benchmark acquire + release cycles (many keys, one hot key) at 1-16 client "
         "processes, fenced_update against a plain update(), and acquire latency with "
         "few and many lock rows, side by side with the raw SQL floor, PostgreSQL "
-        "advisory locks and python-redis-lock."
+        "advisory locks, python-redis-lock and (when running) etcd and ZooKeeper."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -43,6 +43,16 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--redis-url", help="Redis for the python-redis-lock peer and the Celery worker's broker",
+        )
+        parser.add_argument(
+            "--etcd-url",
+            help="etcd v3 JSON gateway for the etcd peer (default COORDINATION_BENCH_ETCD_URL; "
+            "bin/bench-peers.sh starts one)",
+        )
+        parser.add_argument(
+            "--zookeeper",
+            help="ZooKeeper hosts for the kazoo peer (default COORDINATION_BENCH_ZOOKEEPER; "
+            "bin/bench-peers.sh starts one)",
         )
         parser.add_argument(
             "--scale-locks", default="1000,1000000",
@@ -128,6 +138,8 @@ class Command(BaseCommand):
             scale_large=large,
             scale_grants=options["scale_grants"],
             redis_url=redis_url,
+            etcd_url=options["etcd_url"] or os.environ.get("COORDINATION_BENCH_ETCD_URL") or None,
+            zookeeper=options["zookeeper"] or os.environ.get("COORDINATION_BENCH_ZOOKEEPER") or None,
             scale_database=options["scale_database"],
             include_scale=not options["skip_scale"],
             systems=options["systems"].split(",") if options["systems"] else None,
