@@ -106,11 +106,19 @@ def fenced_model() -> type[models.Model] | None:
 
 
 @contextlib.contextmanager
-def bench_database(database: str | None = None, *, keep: bool = False) -> Iterator[str]:
+def bench_database(
+    database: str | None = None,
+    *,
+    keep: bool = False,
+    schema: str = BENCH_SCHEMA,
+    alias: str = BENCH_ALIAS,
+) -> Iterator[str]:
     """An alias whose tables are fresh copies of the app's, in a schema of their own.
 
-    On PostgreSQL: schema ``coordination_bench`` of the configured database (or of
-    ``database``, created if missing). On SQLite: a file next to the configured one.
+    On PostgreSQL: ``schema`` of the configured database (or of ``database``,
+    created if missing), dropped on exit unless ``keep``. On SQLite: a file next
+    to the configured one. Several can be open at once under different aliases
+    and schemas (the row-count runs keep a small and a large one side by side).
     """
     base = dict(connections.databases[app_settings.DATABASE])
     vendor = connections[app_settings.DATABASE].vendor
@@ -119,10 +127,10 @@ def bench_database(database: str | None = None, *, keep: bool = False) -> Iterat
             _create_database(database)
             base["NAME"] = database
         options = dict(base.get("OPTIONS", {}))
-        options["options"] = f"-c search_path={BENCH_SCHEMA}"
+        options["options"] = f"-c search_path={schema}"
         base["OPTIONS"] = options
-        _run_admin_sql(base, [f"DROP SCHEMA IF EXISTS {BENCH_SCHEMA} CASCADE",
-                              f"CREATE SCHEMA {BENCH_SCHEMA}"])
+        _run_admin_sql(base, [f"DROP SCHEMA IF EXISTS {schema} CASCADE",
+                              f"CREATE SCHEMA {schema}"])
     else:
         name = str(base["NAME"])
         base["NAME"] = (name.rsplit(".", 1)[0] if "." in name else name) + "-bench.sqlite3"
@@ -132,16 +140,16 @@ def bench_database(database: str | None = None, *, keep: bool = False) -> Iterat
     base["TEST"] = {"NAME": base["NAME"]}
     # Django's handler keeps the configured DATABASES dict itself: the alias
     # exists from here on, in this process and in the clients it forks.
-    connections.databases[BENCH_ALIAS] = base
+    connections.databases[alias] = base
     try:
-        with connections[BENCH_ALIAS].schema_editor() as editor:
+        with connections[alias].schema_editor() as editor:
             for model in bench_models():
                 editor.create_model(model)
         # As migrate leaves a real schema: the watermark triggers are part of what a write costs.
-        watermarks.install_for_models(connections[BENCH_ALIAS], bench_models())
+        watermarks.install_for_models(connections[alias], bench_models())
         if vendor == "postgresql":
-            postgresql.install_for_models(connections[BENCH_ALIAS])
-            with connections[BENCH_ALIAS].cursor() as cursor:
+            postgresql.install_for_models(connections[alias])
+            with connections[alias].cursor() as cursor:
                 cursor.execute(
                     "CREATE TABLE floor_lock (key text PRIMARY KEY, token bigint NOT NULL DEFAULT 0,"
                     " holder text NOT NULL DEFAULT '', lease text NOT NULL DEFAULT '',"
@@ -158,15 +166,15 @@ def bench_database(database: str | None = None, *, keep: bool = False) -> Iterat
                     " ended_at timestamptz, UNIQUE (lock_key, token))"
                 )
                 cursor.execute("CREATE INDEX floor_grant_acquired ON floor_grant (acquired_at)")
-        connections[BENCH_ALIAS].close()
-        yield BENCH_ALIAS
+        connections[alias].close()
+        yield alias
     finally:
-        connections[BENCH_ALIAS].close()
-        del connections[BENCH_ALIAS]
-        del connections.databases[BENCH_ALIAS]
+        connections[alias].close()
+        del connections[alias]
+        del connections.databases[alias]
         if not keep:
             if vendor == "postgresql":
-                _run_admin_sql(base, [f"DROP SCHEMA IF EXISTS {BENCH_SCHEMA} CASCADE"])
+                _run_admin_sql(base, [f"DROP SCHEMA IF EXISTS {schema} CASCADE"])
             else:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(str(base["NAME"]))
@@ -779,77 +787,105 @@ def fenced_suite(config: BenchConfig, alias: str) -> dict[str, Any]:
     return result
 
 
-def scale_suite(config: BenchConfig, alias: str, progress: Callable[[str], None]) -> dict[str, Any]:
-    """Acquire + release latency on existing keys with few and with many lock rows.
+def scale_suite(
+    config: BenchConfig, small_alias: str, large_alias: str, progress: Callable[[str], None]
+) -> dict[str, Any]:
+    """Acquire + release latency on existing keys, few rows against many, side by side.
 
-    Rows are bulk-inserted with generate_series; the large step also adds the
-    grant history. Keys are picked at random among all rows, so the index is
-    probed everywhere, not only in a hot corner of it.
+    Two schemas: ``small_alias`` gets ``scale_small`` lock rows, ``large_alias``
+    ``scale_large`` lock rows and ``scale_grants`` ended grant rows, all bulk
+    inserted with generate_series and then analysed. The cycles then alternate
+    between the two in blocks, so that load from elsewhere (and the state of the
+    OS page cache) falls on both alike. Keys are picked at random among all rows,
+    so the indexes are probed everywhere, not only in a hot corner of them.
     """
-    connection = connections[alias]
-    if connection.vendor != "postgresql":
+    if connections[small_alias].vendor != "postgresql":
         return {"skipped": "the bulk row generation is PostgreSQL only"}
     logging.getLogger("coordination").setLevel(logging.WARNING)
-    lock_table, grant_table = Lock._meta.db_table, Grant._meta.db_table
+    sizes = {
+        small_alias: (config.scale_small, 0),
+        large_alias: (config.scale_large, config.scale_grants),
+    }
+    loaded = {}
+    for alias, (size, grants) in sizes.items():
+        progress(f"scale: loading {size} lock rows, {grants} grant rows")
+        loaded[alias] = _load_scale_rows(alias, size, grants)
+    latencies: dict[str, list[float]] = {alias: [] for alias in sizes}
+    rngs = {alias: random.Random(size) for alias, (size, _) in sizes.items()}
+    block = max(1, min(50, config.scale_samples // 10))
+    progress(f"scale: {config.scale_samples} cycles each, alternating blocks of {block}")
+    while len(latencies[large_alias]) < config.scale_samples:
+        for alias, (size, _) in sizes.items():
+            with bench_settings(alias, RECORD_WRITES=False):
+                for _ in range(block):
+                    key = f"scale-{rngs[alias].randint(1, size)}"
+                    began = time.perf_counter()
+                    grant = locks.acquire(key, holder="scale", ttl=30, using=alias)
+                    locks.release(grant, using=alias)
+                    latencies[alias].append(time.perf_counter() - began)
     measured: list[dict[str, Any]] = []
-    have = 0
-    for size, grants in ((config.scale_small, 0), (config.scale_large, config.scale_grants)):
-        progress(f"scale: {size} lock rows, {grants} grant rows")
-        began = time.perf_counter()
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"INSERT INTO {lock_table} (key, token, holder, lease_hash, created_at)"
-                " SELECT 'scale-' || n, 0, '', '', now() FROM generate_series(%s, %s) AS n",
-                [have + 1, size],
-            )
-            if grants:
-                # Grant history spread over the lock rows, ended, with the next
-                # k tokens of each lock, and each lock's counter raised to match.
-                per_lock = max(1, grants // size)
-                cursor.execute(
-                    f"INSERT INTO {grant_table} (lock_id, token, holder, lease_hash, acquired_at,"
-                    " expires_at, ended_at, end_reason)"
-                    " SELECT l.id, l.token + t, 'history', 'x', now() - interval '1 day',"
-                    " now() - interval '1 day', now() - interval '1 day', 'released'"
-                    f" FROM {lock_table} AS l, generate_series(1, %s) AS t"
-                    " WHERE l.key LIKE 'scale-%%' ORDER BY l.id, t LIMIT %s",
-                    [per_lock, grants],
-                )
-                cursor.execute(
-                    f"UPDATE {lock_table} AS l SET token = g.top FROM (SELECT lock_id, max(token)"
-                    f" AS top FROM {grant_table} GROUP BY lock_id) AS g WHERE g.lock_id = l.id"
-                )
-            cursor.execute(f"ANALYZE {lock_table}")
-            cursor.execute(f"ANALYZE {grant_table}")
-        loaded = time.perf_counter() - began
-        have = size
-        with connection.cursor() as cursor:
-            cursor.execute(f"SELECT count(*) FROM {lock_table}")
-            lock_rows = cursor.fetchone()[0]
-            cursor.execute(f"SELECT count(*) FROM {grant_table}")
-            grant_rows = cursor.fetchone()[0]
-        latencies = []
-        rng = random.Random(size)
-        for _ in range(config.scale_samples):
-            key = f"scale-{rng.randint(1, size)}"
-            began = time.perf_counter()
-            grant = locks.acquire(key, holder="scale", ttl=30, using=alias)
-            locks.release(grant, using=alias)
-            latencies.append(time.perf_counter() - began)
-        latencies.sort()
+    for alias, values in latencies.items():
+        values.sort()
         measured.append({
-            "lock_rows": lock_rows,
-            "grant_rows": grant_rows,
-            "load_seconds": round(loaded, 1),
-            "cycles": len(latencies),
-            "p50_ms": _percentile_ms(latencies, 0.5),
-            "p99_ms": _percentile_ms(latencies, 0.99),
-            "mean_ms": round(statistics.fmean(latencies) * 1000, 4),
+            **loaded[alias],
+            "cycles": len(values),
+            "p50_ms": _percentile_ms(values, 0.5),
+            "p99_ms": _percentile_ms(values, 0.99),
+            "mean_ms": round(statistics.fmean(values) * 1000, 4),
         })
     small, large = measured
     return {
+        "how": "two schemas side by side, alternating blocks of cycles on random existing keys",
         "runs": measured,
         "large_over_small_p50": round(large["p50_ms"] / small["p50_ms"], 3),
+        "large_over_small_p99": round(large["p99_ms"] / small["p99_ms"], 3),
+        "large_over_small_mean": round(large["mean_ms"] / small["mean_ms"], 3),
+    }
+
+
+def _load_scale_rows(alias: str, size: int, grants: int) -> dict[str, Any]:
+    """``size`` free lock rows ``scale-1..size`` and ``grants`` ended grant rows
+    spread over them (each lock's counter raised to its last grant's token)."""
+    lock_table, grant_table = Lock._meta.db_table, Grant._meta.db_table
+    began = time.perf_counter()
+    with connections[alias].cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {lock_table} (key, token, holder, lease_hash, created_at)"
+            " SELECT 'scale-' || n, 0, '', '', now() FROM generate_series(1, %s) AS n",
+            [size],
+        )
+        if grants:
+            per_lock = max(1, grants // size)
+            cursor.execute(
+                f"INSERT INTO {grant_table} (lock_id, token, holder, lease_hash, acquired_at,"
+                " expires_at, ended_at, end_reason)"
+                " SELECT l.id, t, 'history', 'x', now() - interval '1 day',"
+                " now() - interval '1 day', now() - interval '1 day', 'released'"
+                f" FROM {lock_table} AS l, generate_series(1, %s) AS t"
+                " ORDER BY l.id, t LIMIT %s",
+                [per_lock, grants],
+            )
+            cursor.execute(
+                f"UPDATE {lock_table} AS l SET token = g.top FROM (SELECT lock_id, max(token)"
+                f" AS top FROM {grant_table} GROUP BY lock_id) AS g WHERE g.lock_id = l.id"
+            )
+        # As a long-running site has them: statistics current, the visibility map set.
+        cursor.execute(f"VACUUM ANALYZE {lock_table}")
+        cursor.execute(f"VACUUM ANALYZE {grant_table}")
+        cursor.execute(f"SELECT count(*) FROM {lock_table}")
+        lock_rows = cursor.fetchone()[0]
+        cursor.execute(f"SELECT count(*) FROM {grant_table}")
+        grant_rows = cursor.fetchone()[0]
+        cursor.execute(
+            "SELECT pg_total_relation_size(%s) + pg_total_relation_size(%s)",
+            [lock_table, grant_table],
+        )
+        table_bytes = cursor.fetchone()[0]
+    return {
+        "lock_rows": lock_rows,
+        "grant_rows": grant_rows,
+        "table_mb": round(table_bytes / 2**20, 1),
+        "load_seconds": round(time.perf_counter() - began, 1),
     }
 
 
@@ -1287,13 +1323,17 @@ def table(results: dict[str, Any]) -> str:
         if "skipped" in scale:
             lines.append(f"row-count runs: skipped ({scale['skipped']})")
         else:
-            lines.append("acquire + release latency on existing keys, by table size")
+            lines.append("acquire + release latency on existing keys, by table size, side by side")
             for row in scale["runs"]:
                 lines.append(
                     f"{row['lock_rows']:>10} locks {row['grant_rows']:>10} grants  "
-                    f"p50 {_ms(row['p50_ms'])} ms  p99 {_ms(row['p99_ms'])} ms"
+                    f"p50 {_ms(row['p50_ms'])} ms  p99 {_ms(row['p99_ms'])} ms  "
+                    f"mean {_ms(row['mean_ms'])} ms  ({row.get('table_mb', '?')} MB)"
                 )
-            lines.append(f"large / small (p50): {scale['large_over_small_p50']:.2f}")
+            lines.append(
+                f"large / small: p50 {scale['large_over_small_p50']:.2f}, "
+                f"p99 {scale['large_over_small_p99']:.2f}, mean {scale['large_over_small_mean']:.2f}"
+            )
     wakeup = results.get("wakeup")
     if wakeup:
         lines.append("")

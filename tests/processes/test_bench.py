@@ -71,6 +71,8 @@ def test_quick_bench_writes_json_table_and_chart(tmp_path: Path) -> None:
     if postgres:
         small, large = results["scale"]["runs"]
         assert small["lock_rows"] < large["lock_rows"] and large["grant_rows"] > 0
+        assert small["cycles"] == large["cycles"] > 0  # side by side, the same count each
+        assert results["scale"]["large_over_small_p99"] > 0
     else:
         assert "skipped" in results["scale"]
     assert ("notify" in results["wakeup"]) is postgres and results["wakeup"]["polling"]["samples"]
