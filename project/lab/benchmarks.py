@@ -823,6 +823,9 @@ def scale_suite(
     # index and buffer-cache work shows.
     series = [(alias, durable) for durable in (True, False) for alias in sizes]
     latencies: dict[tuple[str, bool], list[float]] = {entry: [] for entry in series}
+    # WAL written per series (the bench's client is the server's only writer
+    # when the database is private to it; otherwise an upper bound).
+    wal_bytes: dict[tuple[str, bool], int] = dict.fromkeys(series, 0)
     rngs = {entry: random.Random(sizes[entry[0]][0]) for entry in series}
     block = max(1, min(50, config.scale_samples // 10))
     progress(f"scale: {config.scale_samples} cycles each, alternating blocks of {block}")
@@ -832,6 +835,8 @@ def scale_suite(
             with bench_settings(alias, RECORD_WRITES=False):
                 with connections[alias].cursor() as cursor:
                     cursor.execute(f"SET synchronous_commit = {'on' if durable else 'off'}")
+                    cursor.execute("SELECT pg_current_wal_insert_lsn()")
+                    wal_before = cursor.fetchone()[0]
                 values, rng = latencies[alias, durable], rngs[alias, durable]
                 for _ in range(block):
                     key = f"scale-{rng.randint(1, size)}"
@@ -839,6 +844,11 @@ def scale_suite(
                     grant = locks.acquire(key, holder="scale", ttl=30, using=alias)
                     locks.release(grant, using=alias)
                     values.append(time.perf_counter() - began)
+                with connections[alias].cursor() as cursor:
+                    cursor.execute(
+                        "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), %s)", [wal_before]
+                    )
+                    wal_bytes[alias, durable] += int(cursor.fetchone()[0])
     for alias in sizes:
         with connections[alias].cursor() as cursor:
             cursor.execute("RESET synchronous_commit")
@@ -855,6 +865,7 @@ def scale_suite(
                 "p50_ms": _percentile_ms(values, 0.5),
                 "p99_ms": _percentile_ms(values, 0.99),
                 "mean_ms": round(statistics.fmean(values) * 1000, 4),
+                "wal_bytes_per_cycle": round(wal_bytes[alias, durable] / max(1, len(values))),
             })
         small, large = measured
         ratios = {
@@ -1354,7 +1365,8 @@ def table(results: dict[str, Any]) -> str:
                 lines.append(
                     f"{row['lock_rows']:>10} locks {row['grant_rows']:>10} grants  "
                     f"p50 {_ms(row['p50_ms'])} ms  p99 {_ms(row['p99_ms'])} ms  "
-                    f"mean {_ms(row['mean_ms'])} ms  ({row.get('table_mb', '?')} MB)"
+                    f"mean {_ms(row['mean_ms'])} ms  ({row.get('table_mb', '?')} MB, "
+                    f"{row.get('wal_bytes_per_cycle', '?')} WAL bytes a cycle)"
                 )
             lines.append(
                 f"large / small: p50 {scale['large_over_small_p50']:.2f}, "
@@ -1367,7 +1379,8 @@ def table(results: dict[str, Any]) -> str:
                     lines.append(
                         f"{row['lock_rows']:>10} locks {row['grant_rows']:>10} grants  "
                         f"p50 {_ms(row['p50_ms'])} ms  p99 {_ms(row['p99_ms'])} ms  "
-                        f"mean {_ms(row['mean_ms'])} ms"
+                        f"mean {_ms(row['mean_ms'])} ms  "
+                        f"({row.get('wal_bytes_per_cycle', '?')} WAL bytes a cycle)"
                     )
                 lines.append(
                     f"large / small: p50 {unflushed['large_over_small_p50']:.2f}, "
