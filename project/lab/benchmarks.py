@@ -62,6 +62,9 @@ class BenchConfig:
     scale_grants: int = 10_000_000
     scale_samples: int = 2000
     redis_url: str | None = None
+    # The optional consensus peers: etcd's v3 JSON gateway, ZooKeeper's hosts.
+    etcd_url: str | None = None
+    zookeeper: str | None = None
     scale_database: str | None = None
     include_scale: bool = True
     wakeup_samples: int = 30
@@ -103,11 +106,19 @@ def fenced_model() -> type[models.Model] | None:
 
 
 @contextlib.contextmanager
-def bench_database(database: str | None = None, *, keep: bool = False) -> Iterator[str]:
+def bench_database(
+    database: str | None = None,
+    *,
+    keep: bool = False,
+    schema: str = BENCH_SCHEMA,
+    alias: str = BENCH_ALIAS,
+) -> Iterator[str]:
     """An alias whose tables are fresh copies of the app's, in a schema of their own.
 
-    On PostgreSQL: schema ``coordination_bench`` of the configured database (or of
-    ``database``, created if missing). On SQLite: a file next to the configured one.
+    On PostgreSQL: ``schema`` of the configured database (or of ``database``,
+    created if missing), dropped on exit unless ``keep``. On SQLite: a file next
+    to the configured one. Several can be open at once under different aliases
+    and schemas (the row-count runs keep a small and a large one side by side).
     """
     base = dict(connections.databases[app_settings.DATABASE])
     vendor = connections[app_settings.DATABASE].vendor
@@ -116,10 +127,10 @@ def bench_database(database: str | None = None, *, keep: bool = False) -> Iterat
             _create_database(database)
             base["NAME"] = database
         options = dict(base.get("OPTIONS", {}))
-        options["options"] = f"-c search_path={BENCH_SCHEMA}"
+        options["options"] = f"-c search_path={schema}"
         base["OPTIONS"] = options
-        _run_admin_sql(base, [f"DROP SCHEMA IF EXISTS {BENCH_SCHEMA} CASCADE",
-                              f"CREATE SCHEMA {BENCH_SCHEMA}"])
+        _run_admin_sql(base, [f"DROP SCHEMA IF EXISTS {schema} CASCADE",
+                              f"CREATE SCHEMA {schema}"])
     else:
         name = str(base["NAME"])
         base["NAME"] = (name.rsplit(".", 1)[0] if "." in name else name) + "-bench.sqlite3"
@@ -129,16 +140,16 @@ def bench_database(database: str | None = None, *, keep: bool = False) -> Iterat
     base["TEST"] = {"NAME": base["NAME"]}
     # Django's handler keeps the configured DATABASES dict itself: the alias
     # exists from here on, in this process and in the clients it forks.
-    connections.databases[BENCH_ALIAS] = base
+    connections.databases[alias] = base
     try:
-        with connections[BENCH_ALIAS].schema_editor() as editor:
+        with connections[alias].schema_editor() as editor:
             for model in bench_models():
                 editor.create_model(model)
         # As migrate leaves a real schema: the watermark triggers are part of what a write costs.
-        watermarks.install_for_models(connections[BENCH_ALIAS], bench_models())
+        watermarks.install_for_models(connections[alias], bench_models())
         if vendor == "postgresql":
-            postgresql.install_for_models(connections[BENCH_ALIAS])
-            with connections[BENCH_ALIAS].cursor() as cursor:
+            postgresql.install_for_models(connections[alias])
+            with connections[alias].cursor() as cursor:
                 cursor.execute(
                     "CREATE TABLE floor_lock (key text PRIMARY KEY, token bigint NOT NULL DEFAULT 0,"
                     " holder text NOT NULL DEFAULT '', lease text NOT NULL DEFAULT '',"
@@ -155,15 +166,15 @@ def bench_database(database: str | None = None, *, keep: bool = False) -> Iterat
                     " ended_at timestamptz, UNIQUE (lock_key, token))"
                 )
                 cursor.execute("CREATE INDEX floor_grant_acquired ON floor_grant (acquired_at)")
-        connections[BENCH_ALIAS].close()
-        yield BENCH_ALIAS
+        connections[alias].close()
+        yield alias
     finally:
-        connections[BENCH_ALIAS].close()
-        del connections[BENCH_ALIAS]
-        del connections.databases[BENCH_ALIAS]
+        connections[alias].close()
+        del connections[alias]
+        del connections.databases[alias]
         if not keep:
             if vendor == "postgresql":
-                _run_admin_sql(base, [f"DROP SCHEMA IF EXISTS {BENCH_SCHEMA} CASCADE"])
+                _run_admin_sql(base, [f"DROP SCHEMA IF EXISTS {schema} CASCADE"])
             else:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(str(base["NAME"]))
@@ -410,6 +421,152 @@ def redis_client(url: str, hot: bool) -> ClientFactory:
     return make
 
 
+def etcd_client(url: str, hot: bool) -> ClientFactory:
+    """etcd's lease + txn lock, through its v3 JSON gateway on one kept-alive HTTP connection.
+
+    Acquire: grant a lease (its TTL is the lock's expiry), then one txn: if the
+    key's ``create_revision`` is 0 (no one holds it), put it attached to the
+    lease. The put's revision is the grant's token (it grows with every write
+    to the store). Release: delete the key. Three round trips and three raft
+    commits (each fsynced) per cycle. The lease of a released lock is left to
+    run out, as the brief's recipe does; revoking it would be a fourth commit.
+    """
+
+    def make(index: int) -> Operation:
+        import base64
+        import http.client
+        import json
+        from urllib.parse import urlsplit
+
+        where = urlsplit(url)
+        conn = http.client.HTTPConnection(where.hostname or "127.0.0.1", where.port or 2379, timeout=30)
+        keys = [b"bench-hot"] if hot else [f"bench-{index}-{n}".encode() for n in range(64)]
+        encoded = [base64.b64encode(key).decode() for key in keys]
+        counter = iter(range(10**12))
+
+        def call(path: str, body: dict[str, Any]) -> dict[str, Any]:
+            conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+            response = conn.getresponse()
+            answer: dict[str, Any] = json.loads(response.read())
+            if response.status != 200:
+                raise RuntimeError(f"etcd {path}: {response.status} {answer}")
+            return answer
+
+        def cycle() -> bool:
+            key = encoded[next(counter) % len(encoded)]
+            lease = call("/v3/lease/grant", {"TTL": 30})["ID"]
+            answer = call("/v3/kv/txn", {
+                "compare": [{"key": key, "target": "CREATE", "create_revision": "0"}],
+                "success": [{"request_put": {"key": key, "value": "aG9sZGVy", "lease": lease}}],
+            })
+            if not answer.get("succeeded"):
+                return False
+            token = int(answer["header"]["revision"])  # the fencing token a resource would check
+            assert token > 0
+            call("/v3/kv/deleterange", {"key": key})
+            return True
+
+        return cycle
+
+    return make
+
+
+def etcd_available(url: str | None) -> str | None:
+    """Why the etcd peer cannot run, or None if etcd answers."""
+    if not url:
+        return "no etcd URL (--etcd-url or COORDINATION_BENCH_ETCD_URL; bin/bench-peers.sh start runs one)"
+    import http.client
+    import json
+    from urllib.parse import urlsplit
+
+    where = urlsplit(url)
+    try:
+        conn = http.client.HTTPConnection(where.hostname or "127.0.0.1", where.port or 2379, timeout=3)
+        conn.request("POST", "/v3/maintenance/status", "{}")
+        response = conn.getresponse()
+        status = json.loads(response.read())
+        conn.close()
+    except (OSError, ValueError) as error:
+        return f"etcd at {url} does not answer: {error}"
+    if response.status != 200 or "version" not in status:
+        return f"etcd at {url} has no v3 JSON gateway: {response.status} {status}"
+    return None
+
+
+def zookeeper_client(hosts: str, hot: bool) -> ClientFactory:
+    """kazoo's Lock recipe: an ephemeral sequential node under the lock's path,
+    held while it is the lowest; released by deleting it.
+
+    Non-blocking, as the other systems: when another node is lower, kazoo deletes
+    its own node again and the attempt counts as refused. The node's sequence
+    number grows per lock and could serve as a token; the recipe does not hand
+    it to the caller as one. The lock lives as long as the client's session.
+    """
+
+    def make(index: int) -> Operation:
+        from kazoo.client import KazooClient  # type: ignore[import-untyped]
+
+        logging.getLogger("kazoo").setLevel(logging.WARNING)
+        client = KazooClient(hosts=hosts, timeout=30)
+        client.start(timeout=30)
+        root = f"/{BENCH_SCHEMA}"
+        paths = [f"{root}/hot"] if hot else [f"{root}/{index}-{n}" for n in range(64)]
+        for path in paths:  # created once here, as a long-lived service would have them
+            client.ensure_path(path)
+        locks_by_path = {path: client.Lock(path, f"client-{index}") for path in paths}
+        counter = iter(range(10**12))
+
+        def cycle() -> bool:
+            lock = locks_by_path[paths[next(counter) % len(paths)]]
+            if not lock.acquire(blocking=False):
+                return False
+            lock.release()
+            return True
+
+        return cycle
+
+    return make
+
+
+def zookeeper_available(hosts: str | None) -> str | None:
+    """Why the ZooKeeper peer cannot run, or None if it answers."""
+    if not hosts:
+        return (
+            "no ZooKeeper hosts (--zookeeper or COORDINATION_BENCH_ZOOKEEPER; "
+            "bin/bench-peers.sh start runs one)"
+        )
+    try:
+        from kazoo.client import KazooClient
+    except ImportError:
+        return "kazoo is not installed (requirements/tools.txt pins it)"
+    client = KazooClient(hosts=hosts, timeout=3)
+    try:
+        client.start(timeout=3)
+    except Exception as error:
+        return f"ZooKeeper at {hosts} does not answer: {error}"
+    finally:
+        with contextlib.suppress(Exception):
+            client.stop()
+            client.close()
+    return None
+
+
+def zookeeper_cleanup(hosts: str) -> None:
+    """Delete the run's lock paths (the nodes of released locks leave their parents)."""
+    from kazoo.client import KazooClient
+
+    client = KazooClient(hosts=hosts, timeout=10)
+    try:
+        client.start(timeout=10)
+        client.delete(f"/{BENCH_SCHEMA}", recursive=True)
+    except Exception:  # a missing path or a gone server leaves nothing to clean
+        pass
+    finally:
+        with contextlib.suppress(Exception):
+            client.stop()
+            client.close()
+
+
 def redis_available(url: str | None) -> str | None:
     """Why Redis cannot be used, or None if it answers."""
     if not url:
@@ -421,6 +578,22 @@ def redis_available(url: str | None) -> str | None:
     except Exception as error:
         return f"Redis at {url} does not answer: {error}"
     return None
+
+
+# What each cycle system gives a caller, shown beside its numbers: a token a
+# resource can check (a fence), and whether a granted lock survives a crash of
+# the service (written to disk before the grant is returned).
+SYSTEM_GIVES: dict[str, dict[str, str]] = {
+    "raw_sql_floor": {"token": "yes", "durable": "yes", "note": "baseline; no history"},
+    "floor_with_history": {"token": "yes", "durable": "yes", "note": "baseline; grant rows"},
+    "locks": {"token": "yes, fenced", "durable": "yes", "note": "grant history"},
+    "locks_prepared": {"token": "yes, fenced", "durable": "yes", "note": "grant history"},
+    "locks_orm": {"token": "yes, fenced", "durable": "yes", "note": "grant history"},
+    "pg_advisory": {"token": "no", "durable": "no", "note": "held by the session"},
+    "redis_lock": {"token": "no", "durable": "no", "note": "in memory, async persistence"},
+    "etcd": {"token": "yes, revision", "durable": "yes", "note": "lease + txn, raft fsync"},
+    "zookeeper": {"token": "node seq, unused", "durable": "yes", "note": "ephemeral, session"},
+}
 
 
 # --- the suites -------------------------------------------------------------------
@@ -449,29 +622,63 @@ def cycle_suite(config: BenchConfig, vendor: str, progress: Callable[[str], None
         systems["redis_lock"] = lambda hot: redis_client(url, hot)
     else:
         skipped["redis_lock"] = why_not
+    # The consensus services, optional: started by the caller (bin/bench-peers.sh).
+    why_not = etcd_available(config.etcd_url)
+    if why_not is None:
+        etcd_url = config.etcd_url
+        assert etcd_url is not None
+        systems["etcd"] = lambda hot: etcd_client(etcd_url, hot)
+    else:
+        skipped["etcd"] = why_not
+    why_not = zookeeper_available(config.zookeeper)
+    if why_not is None:
+        zookeeper = config.zookeeper
+        assert zookeeper is not None
+        systems["zookeeper"] = lambda hot: zookeeper_client(zookeeper, hot)
+    else:
+        skipped["zookeeper"] = why_not
     if config.systems is not None:
         chosen = {*config.systems, "raw_sql_floor", "floor_with_history"}
         systems = {name: make for name, make in systems.items() if name in chosen}
     results: dict[str, Any] = {}
-    for workload, hot in (("many_keys", False), ("hot_key", True)):
-        rows: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
-        for clients in config.clients:
-            # Systems side by side in short rounds, in a shuffled order each
-            # round, so that load from elsewhere falls on all of them alike;
-            # each ratio is taken within a round, then the median is reported.
-            runs: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
-            for round_number in range(config.rounds):
-                order = list(systems)
-                random.shuffle(order)
-                for name in order:
-                    progress(f"{workload} {name} x{clients} round {round_number + 1}")
-                    runs[name].append(run_clients(systems[name](hot), clients, config.duration))
-            for name in systems:
-                rows[name].append(
-                    _combine(runs[name], runs.get("raw_sql_floor"), runs.get("floor_with_history"))
-                )
-        results[workload] = rows
-    return {"systems": list(systems), "skipped": skipped, **results}
+    try:
+        for workload, hot in (("many_keys", False), ("hot_key", True)):
+            results[workload] = _cycle_workload(config, systems, hot, workload, progress)
+    finally:
+        if "zookeeper" in systems and config.zookeeper:
+            zookeeper_cleanup(config.zookeeper)
+    return {
+        "systems": list(systems),
+        "skipped": skipped,
+        "gives": {name: SYSTEM_GIVES[name] for name in [*systems, *skipped] if name in SYSTEM_GIVES},
+        **results,
+    }
+
+
+def _cycle_workload(
+    config: BenchConfig,
+    systems: dict[str, Callable[[bool], ClientFactory]],
+    hot: bool,
+    workload: str,
+    progress: Callable[[str], None],
+) -> dict[str, list[dict[str, Any]]]:
+    rows: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
+    for clients in config.clients:
+        # Systems side by side in short rounds, in a shuffled order each
+        # round, so that load from elsewhere falls on all of them alike;
+        # each ratio is taken within a round, then the median is reported.
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
+        for round_number in range(config.rounds):
+            order = list(systems)
+            random.shuffle(order)
+            for name in order:
+                progress(f"{workload} {name} x{clients} round {round_number + 1}")
+                runs[name].append(run_clients(systems[name](hot), clients, config.duration))
+        for name in systems:
+            rows[name].append(
+                _combine(runs[name], runs.get("raw_sql_floor"), runs.get("floor_with_history"))
+            )
+    return rows
 
 
 def _combine(
@@ -580,77 +787,142 @@ def fenced_suite(config: BenchConfig, alias: str) -> dict[str, Any]:
     return result
 
 
-def scale_suite(config: BenchConfig, alias: str, progress: Callable[[str], None]) -> dict[str, Any]:
-    """Acquire + release latency on existing keys with few and with many lock rows.
+def scale_suite(
+    config: BenchConfig, small_alias: str, large_alias: str, progress: Callable[[str], None]
+) -> dict[str, Any]:
+    """Acquire + release latency on existing keys, few rows against many, side by side.
 
-    Rows are bulk-inserted with generate_series; the large step also adds the
-    grant history. Keys are picked at random among all rows, so the index is
-    probed everywhere, not only in a hot corner of it.
+    Two schemas: ``small_alias`` gets ``scale_small`` lock rows, ``large_alias``
+    ``scale_large`` lock rows and ``scale_grants`` ended grant rows (the small
+    one as many grants per lock), all bulk
+    inserted with generate_series and then analysed. The cycles then alternate
+    between the two in blocks, so that load from elsewhere (and the state of the
+    OS page cache) falls on both alike. Keys are picked at random among all rows,
+    so the indexes are probed everywhere, not only in a hot corner of them.
     """
-    connection = connections[alias]
-    if connection.vendor != "postgresql":
+    if connections[small_alias].vendor != "postgresql":
         return {"skipped": "the bulk row generation is PostgreSQL only"}
     logging.getLogger("coordination").setLevel(logging.WARNING)
+    # The same history per lock at both sizes (10 grants a lock by default), so
+    # that only the sizes differ. A grant table analysed while empty would also
+    # be planned as one: its updates would scan it sequentially until the next
+    # autoanalyze, a cost of the small run's, not of its size.
+    small_grants = config.scale_grants * config.scale_small // max(1, config.scale_large)
+    sizes = {
+        small_alias: (config.scale_small, small_grants),
+        large_alias: (config.scale_large, config.scale_grants),
+    }
+    loaded = {}
+    for alias, (size, grants) in sizes.items():
+        progress(f"scale: loading {size} lock rows, {grants} grant rows")
+        loaded[alias] = _load_scale_rows(alias, size, grants)
+    # Each size twice: durable as the grant point always is, and with the
+    # session's synchronous_commit off, which leaves out the wait for the WAL
+    # flush (a grant is then not durable: a measurement only). Where the commit
+    # dominates a cycle it hides what the table sizes change; without it, the
+    # index and buffer-cache work shows.
+    series = [(alias, durable) for durable in (True, False) for alias in sizes]
+    latencies: dict[tuple[str, bool], list[float]] = {entry: [] for entry in series}
+    # WAL written per series (the bench's client is the server's only writer
+    # when the database is private to it; otherwise an upper bound).
+    wal_bytes: dict[tuple[str, bool], int] = dict.fromkeys(series, 0)
+    rngs = {entry: random.Random(sizes[entry[0]][0]) for entry in series}
+    block = max(1, min(50, config.scale_samples // 10))
+    progress(f"scale: {config.scale_samples} cycles each, alternating blocks of {block}")
+    while len(latencies[series[-1]]) < config.scale_samples:
+        for alias, durable in series:
+            size = sizes[alias][0]
+            with bench_settings(alias, RECORD_WRITES=False):
+                with connections[alias].cursor() as cursor:
+                    cursor.execute(f"SET synchronous_commit = {'on' if durable else 'off'}")
+                    cursor.execute("SELECT pg_current_wal_insert_lsn()")
+                    wal_before = cursor.fetchone()[0]
+                values, rng = latencies[alias, durable], rngs[alias, durable]
+                for _ in range(block):
+                    key = f"scale-{rng.randint(1, size)}"
+                    began = time.perf_counter()
+                    grant = locks.acquire(key, holder="scale", ttl=30, using=alias)
+                    locks.release(grant, using=alias)
+                    values.append(time.perf_counter() - began)
+                with connections[alias].cursor() as cursor:
+                    cursor.execute(
+                        "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), %s)", [wal_before]
+                    )
+                    wal_bytes[alias, durable] += int(cursor.fetchone()[0])
+    for alias in sizes:
+        with connections[alias].cursor() as cursor:
+            cursor.execute("RESET synchronous_commit")
+    result: dict[str, Any] = {
+        "how": "two schemas side by side, alternating blocks of cycles on random existing keys",
+    }
+    for durable in (True, False):
+        measured: list[dict[str, Any]] = []
+        for alias in sizes:
+            values = sorted(latencies[alias, durable])
+            measured.append({
+                **loaded[alias],
+                "cycles": len(values),
+                "p50_ms": _percentile_ms(values, 0.5),
+                "p99_ms": _percentile_ms(values, 0.99),
+                "mean_ms": round(statistics.fmean(values) * 1000, 4),
+                "wal_bytes_per_cycle": round(wal_bytes[alias, durable] / max(1, len(values))),
+            })
+        small, large = measured
+        ratios = {
+            "large_over_small_p50": round(large["p50_ms"] / small["p50_ms"], 3),
+            "large_over_small_p99": round(large["p99_ms"] / small["p99_ms"], 3),
+            "large_over_small_mean": round(large["mean_ms"] / small["mean_ms"], 3),
+        }
+        if durable:
+            result.update(runs=measured, **ratios)
+        else:
+            result["no_flush_wait"] = {"runs": measured, **ratios}
+    return result
+
+
+def _load_scale_rows(alias: str, size: int, grants: int) -> dict[str, Any]:
+    """``size`` free lock rows ``scale-1..size`` and ``grants`` ended grant rows
+    spread over them (each lock's counter raised to its last grant's token)."""
     lock_table, grant_table = Lock._meta.db_table, Grant._meta.db_table
-    measured: list[dict[str, Any]] = []
-    have = 0
-    for size, grants in ((config.scale_small, 0), (config.scale_large, config.scale_grants)):
-        progress(f"scale: {size} lock rows, {grants} grant rows")
-        began = time.perf_counter()
-        with connection.cursor() as cursor:
+    began = time.perf_counter()
+    with connections[alias].cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {lock_table} (key, token, holder, lease_hash, created_at)"
+            " SELECT 'scale-' || n, 0, '', '', now() FROM generate_series(1, %s) AS n",
+            [size],
+        )
+        if grants:
+            per_lock = max(1, grants // size)
             cursor.execute(
-                f"INSERT INTO {lock_table} (key, token, holder, lease_hash, created_at)"
-                " SELECT 'scale-' || n, 0, '', '', now() FROM generate_series(%s, %s) AS n",
-                [have + 1, size],
+                f"INSERT INTO {grant_table} (lock_id, token, holder, lease_hash, acquired_at,"
+                " expires_at, ended_at, end_reason)"
+                " SELECT l.id, t, 'history', 'x', now() - interval '1 day',"
+                " now() - interval '1 day', now() - interval '1 day', 'released'"
+                f" FROM {lock_table} AS l, generate_series(1, %s) AS t"
+                " ORDER BY l.id, t LIMIT %s",
+                [per_lock, grants],
             )
-            if grants:
-                # Grant history spread over the lock rows, ended, with the next
-                # k tokens of each lock, and each lock's counter raised to match.
-                per_lock = max(1, grants // size)
-                cursor.execute(
-                    f"INSERT INTO {grant_table} (lock_id, token, holder, lease_hash, acquired_at,"
-                    " expires_at, ended_at, end_reason)"
-                    " SELECT l.id, l.token + t, 'history', 'x', now() - interval '1 day',"
-                    " now() - interval '1 day', now() - interval '1 day', 'released'"
-                    f" FROM {lock_table} AS l, generate_series(1, %s) AS t"
-                    " WHERE l.key LIKE 'scale-%%' ORDER BY l.id, t LIMIT %s",
-                    [per_lock, grants],
-                )
-                cursor.execute(
-                    f"UPDATE {lock_table} AS l SET token = g.top FROM (SELECT lock_id, max(token)"
-                    f" AS top FROM {grant_table} GROUP BY lock_id) AS g WHERE g.lock_id = l.id"
-                )
-            cursor.execute(f"ANALYZE {lock_table}")
-            cursor.execute(f"ANALYZE {grant_table}")
-        loaded = time.perf_counter() - began
-        have = size
-        with connection.cursor() as cursor:
-            cursor.execute(f"SELECT count(*) FROM {lock_table}")
-            lock_rows = cursor.fetchone()[0]
-            cursor.execute(f"SELECT count(*) FROM {grant_table}")
-            grant_rows = cursor.fetchone()[0]
-        latencies = []
-        rng = random.Random(size)
-        for _ in range(config.scale_samples):
-            key = f"scale-{rng.randint(1, size)}"
-            began = time.perf_counter()
-            grant = locks.acquire(key, holder="scale", ttl=30, using=alias)
-            locks.release(grant, using=alias)
-            latencies.append(time.perf_counter() - began)
-        latencies.sort()
-        measured.append({
-            "lock_rows": lock_rows,
-            "grant_rows": grant_rows,
-            "load_seconds": round(loaded, 1),
-            "cycles": len(latencies),
-            "p50_ms": _percentile_ms(latencies, 0.5),
-            "p99_ms": _percentile_ms(latencies, 0.99),
-            "mean_ms": round(statistics.fmean(latencies) * 1000, 4),
-        })
-    small, large = measured
+            cursor.execute(
+                f"UPDATE {lock_table} AS l SET token = g.top FROM (SELECT lock_id, max(token)"
+                f" AS top FROM {grant_table} GROUP BY lock_id) AS g WHERE g.lock_id = l.id"
+            )
+        # As a long-running site has them: statistics current, the visibility map set.
+        cursor.execute(f"VACUUM ANALYZE {lock_table}")
+        cursor.execute(f"VACUUM ANALYZE {grant_table}")
+        cursor.execute(f"SELECT count(*) FROM {lock_table}")
+        lock_rows = cursor.fetchone()[0]
+        cursor.execute(f"SELECT count(*) FROM {grant_table}")
+        grant_rows = cursor.fetchone()[0]
+        cursor.execute(
+            "SELECT pg_total_relation_size(%s) + pg_total_relation_size(%s)",
+            [lock_table, grant_table],
+        )
+        table_bytes = cursor.fetchone()[0]
     return {
-        "runs": measured,
-        "large_over_small_p50": round(large["p50_ms"] / small["p50_ms"], 3),
+        "lock_rows": lock_rows,
+        "grant_rows": grant_rows,
+        "table_mb": round(table_bytes / 2**20, 1),
+        "load_seconds": round(time.perf_counter() - began, 1),
     }
 
 
@@ -1041,6 +1313,14 @@ def table(results: dict[str, Any]) -> str:
     if cycles:
         for name, why in cycles["skipped"].items():
             lines.append(f"skipped {name}: {why}")
+        gives = cycles.get("gives", {})
+        if gives:
+            lines.append("")
+            lines.append(f"{'system':<20}{'token':<18}{'durable':<9}note")
+            for name in cycles["systems"]:
+                if name in gives:
+                    what = gives[name]
+                    lines.append(f"{name:<20}{what['token']:<18}{what['durable']:<9}{what['note']}")
         for workload in ("many_keys", "hot_key"):
             lines.append("")
             lines.append(f"acquire + release cycles, {workload.replace('_', ' ')}")
@@ -1080,13 +1360,33 @@ def table(results: dict[str, Any]) -> str:
         if "skipped" in scale:
             lines.append(f"row-count runs: skipped ({scale['skipped']})")
         else:
-            lines.append("acquire + release latency on existing keys, by table size")
+            lines.append("acquire + release latency on existing keys, by table size, side by side")
             for row in scale["runs"]:
                 lines.append(
                     f"{row['lock_rows']:>10} locks {row['grant_rows']:>10} grants  "
-                    f"p50 {_ms(row['p50_ms'])} ms  p99 {_ms(row['p99_ms'])} ms"
+                    f"p50 {_ms(row['p50_ms'])} ms  p99 {_ms(row['p99_ms'])} ms  "
+                    f"mean {_ms(row['mean_ms'])} ms  ({row.get('table_mb', '?')} MB, "
+                    f"{row.get('wal_bytes_per_cycle', '?')} WAL bytes a cycle)"
                 )
-            lines.append(f"large / small (p50): {scale['large_over_small_p50']:.2f}")
+            lines.append(
+                f"large / small: p50 {scale['large_over_small_p50']:.2f}, "
+                f"p99 {scale['large_over_small_p99']:.2f}, mean {scale['large_over_small_mean']:.2f}"
+            )
+            unflushed = scale.get("no_flush_wait")
+            if unflushed:
+                lines.append("the same with synchronous_commit off (no wait for the WAL flush):")
+                for row in unflushed["runs"]:
+                    lines.append(
+                        f"{row['lock_rows']:>10} locks {row['grant_rows']:>10} grants  "
+                        f"p50 {_ms(row['p50_ms'])} ms  p99 {_ms(row['p99_ms'])} ms  "
+                        f"mean {_ms(row['mean_ms'])} ms  "
+                        f"({row.get('wal_bytes_per_cycle', '?')} WAL bytes a cycle)"
+                    )
+                lines.append(
+                    f"large / small: p50 {unflushed['large_over_small_p50']:.2f}, "
+                    f"p99 {unflushed['large_over_small_p99']:.2f}, "
+                    f"mean {unflushed['large_over_small_mean']:.2f}"
+                )
     wakeup = results.get("wakeup")
     if wakeup:
         lines.append("")

@@ -51,6 +51,11 @@ def test_quick_bench_writes_json_table_and_chart(tmp_path: Path) -> None:
     if os.environ.get("COORDINATION_TEST_REDIS_URL"):
         expected.add("redis_lock")  # CI provides Redis: the peer must have run
     assert expected <= set(cycles["systems"])
+    # The consensus peers run only when their services do (never required): each
+    # either ran or says why not, and every system says what it gives.
+    assert {"etcd", "zookeeper"} <= set(cycles["systems"]) | set(cycles["skipped"])
+    assert set(cycles["systems"]) <= set(cycles["gives"])
+    assert all({"token", "durable"} <= set(what) for what in cycles["gives"].values())
     for workload in ("many_keys", "hot_key"):
         for name in cycles["systems"]:
             series = cycles[workload][name]
@@ -67,6 +72,8 @@ def test_quick_bench_writes_json_table_and_chart(tmp_path: Path) -> None:
     if postgres:
         small, large = results["scale"]["runs"]
         assert small["lock_rows"] < large["lock_rows"] and large["grant_rows"] > 0
+        assert small["cycles"] == large["cycles"] > 0  # side by side, the same count each
+        assert results["scale"]["large_over_small_p99"] > 0
     else:
         assert "skipped" in results["scale"]
     assert ("notify" in results["wakeup"]) is postgres and results["wakeup"]["polling"]["samples"]

@@ -24,7 +24,7 @@ class Command(BaseCommand):
         "Benchmark acquire + release cycles (many keys, one hot key) at 1-16 client "
         "processes, fenced_update against a plain update(), and acquire latency with "
         "few and many lock rows, side by side with the raw SQL floor, PostgreSQL "
-        "advisory locks and python-redis-lock."
+        "advisory locks, python-redis-lock and (when running) etcd and ZooKeeper."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -43,6 +43,16 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--redis-url", help="Redis for the python-redis-lock peer and the Celery worker's broker",
+        )
+        parser.add_argument(
+            "--etcd-url",
+            help="etcd v3 JSON gateway for the etcd peer (default COORDINATION_BENCH_ETCD_URL; "
+            "bin/bench-peers.sh starts one)",
+        )
+        parser.add_argument(
+            "--zookeeper",
+            help="ZooKeeper hosts for the kazoo peer (default COORDINATION_BENCH_ZOOKEEPER; "
+            "bin/bench-peers.sh starts one)",
         )
         parser.add_argument(
             "--scale-locks", default="1000,1000000",
@@ -101,10 +111,19 @@ class Command(BaseCommand):
             if "celery" in parts:
                 results["celery"] = benchmarks.celery_suite(config, alias, self._progress)
         if "scale" in parts and config.include_scale:
-            with benchmarks.bench_database(config.scale_database) as alias, (
-                benchmarks.bench_settings(alias, RECORD_WRITES=False)
-            ):
-                results["scale"] = benchmarks.scale_suite(config, alias, self._progress)
+            if vendor != "postgresql":
+                results["scale"] = {"skipped": "the bulk row generation is PostgreSQL only"}
+            else:
+                # Few rows and many, each in a schema of its own, measured side by
+                # side; both schemas are dropped on the way out, whatever happens.
+                with override_settings(DEBUG=False), benchmarks.bench_database(
+                    config.scale_database, schema=f"{benchmarks.BENCH_SCHEMA}_small",
+                    alias=f"{benchmarks.BENCH_ALIAS}_small",
+                ) as small, benchmarks.bench_database(
+                    config.scale_database, schema=f"{benchmarks.BENCH_SCHEMA}_large",
+                    alias=f"{benchmarks.BENCH_ALIAS}_large",
+                ) as large:
+                    results["scale"] = benchmarks.scale_suite(config, small, large, self._progress)
         results["seconds"] = round(time.perf_counter() - began, 1)
         self.stdout.write(benchmarks.table(results))
         if options["json_path"]:
@@ -128,6 +147,8 @@ class Command(BaseCommand):
             scale_large=large,
             scale_grants=options["scale_grants"],
             redis_url=redis_url,
+            etcd_url=options["etcd_url"] or os.environ.get("COORDINATION_BENCH_ETCD_URL") or None,
+            zookeeper=options["zookeeper"] or os.environ.get("COORDINATION_BENCH_ZOOKEEPER") or None,
             scale_database=options["scale_database"],
             include_scale=not options["skip_scale"],
             systems=options["systems"].split(",") if options["systems"] else None,
