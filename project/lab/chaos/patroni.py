@@ -163,11 +163,25 @@ class PatroniCluster:
         leaders = [m for m in self.members() if m.role == "leader" and m.state == "running"]
         return leaders[0] if len(leaders) == 1 else None
 
+    def views(self) -> list[list[Member]]:
+        """The members as each answering node's Patroni sees them."""
+        found = []
+        for node in NODES:
+            with contextlib.suppress(OSError, urllib.error.URLError, ValueError, KeyError):
+                found.append([Member(m["name"], m["role"], m["state"], m.get("timeline"))
+                              for m in self.rest(node, "/cluster", timeout=3)["members"]])
+        return found
+
     def healthy(self, sync: bool) -> Member | None:
         """The leader, when it runs with two streaming standbys (one synchronous
-        when ``sync``); else None."""
-        members = self.members()
-        leader = self.leader()
+        when ``sync``) and every node that answers agrees; else None. (A node that
+        wakes up from a pause answers with its stale view for a moment.)"""
+        views = self.views()
+        if len(views) < len(NODES) or any(view != views[0] for view in views[1:]):
+            return None
+        members = views[0]
+        leaders = [m for m in members if m.role == "leader" and m.state == "running"]
+        leader = leaders[0] if len(leaders) == 1 else None
         streaming = [m for m in members if m.role in ("replica", "sync_standby", "quorum_standby")
                      and m.state == "streaming"]
         if leader is None or len(streaming) < 2:
@@ -474,8 +488,11 @@ class ClusterFaults(threading.Thread):
         self._promoted(new, old)
 
     def _await_leader_running(self, old: Member, timeout: float) -> None:
-        leader = self.cluster.wait(self.cluster.leader, "a running leader", timeout)
-        if leader.timeline != old.timeline:
+        # Whole again, not merely a running leader: a node that wakes up from a
+        # pause still answers /cluster with its own stale view (itself the leader)
+        # until its Patroni has caught up and demoted it.
+        leader = self.cluster.wait(lambda: self.cluster.healthy(self.sync), "a healthy cluster", timeout)
+        if (leader.timeline or 0) > (old.timeline or 0):
             self._promoted(leader, old)
         else:
             self._record({"type": "cluster_recovered", "node": leader.node, "timeline": leader.timeline})
