@@ -41,6 +41,7 @@ the new primary (the first token above the floor the guard raised).
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -70,6 +71,8 @@ CLUSTER_FAULT_KINDS = ("switchover", "kill_node", "kill_postgres", "pause_node")
 CLUSTER_FAULT_WEIGHTS = {"switchover": 0.45, "kill_node": 0.25, "kill_postgres": 0.1, "pause_node": 0.2}
 NODES = (1, 2, 3)
 SCRIPT = Path(__file__).resolve().parents[3] / "bin" / "cluster.sh"
+# Patroni's leader key in etcd, as bin/cluster.sh configures it (namespace, scope).
+LEADER_KEY = "/coordination-ha/coordination-ha/leader"
 GUARD_SIGNATURE = "coordination_failover_guard(bigint, bigint)"
 # What the negative control replaces the guard with: the same signature, no effect.
 NO_GUARD = (
@@ -101,6 +104,7 @@ class PatroniCluster:
     def __init__(self) -> None:
         self.rest_port = int(os.environ.get("COORDINATION_HA_REST_PORT", "8031"))
         self.pg_port = int(os.environ.get("COORDINATION_HA_PG_PORT", "55431"))
+        self.etcd_port = int(os.environ.get("COORDINATION_HA_ETCD_PORT", "23790"))
         self._root: Path | None = None
 
     # --- inspecting ---------------------------------------------------------------
@@ -287,6 +291,18 @@ class PatroniCluster:
             body["candidate"] = candidate.name
         self.rest(leader.node, "/switchover", body, "POST", timeout=60)
 
+    def drop_leader_key(self) -> None:
+        """Delete Patroni's leader key in etcd (its v3 JSON gateway), as an operator
+        would once the leader's machine is known dead: the standbys elect a new
+        leader at once instead of after the key's ttl."""
+        key = base64.b64encode(LEADER_KEY.encode()).decode()
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.etcd_port}/v3/kv/deleterange", data=json.dumps({"key": key}).encode(),
+            method="POST", headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=5) as answer:
+            answer.read()
+
     def start_node(self, node: int) -> None:
         self.script("start-node", str(node))
 
@@ -469,6 +485,10 @@ class ClusterFaults(threading.Thread):
         self.stop.wait(self.lag_seconds)
         self.cluster.kill_node(leader.node)
         self._paused = []
+        # The leader key would expire after the ttl (20 s); nothing here depends on
+        # that wait, so the control removes the dead leader's key at once.
+        with contextlib.suppress(OSError, urllib.error.URLError):
+            self.cluster.drop_leader_key()
         self._killed.add(leader.node)
         self._await_leader_change(leader, self.ttl * 4)
         self._restart_killed()

@@ -588,7 +588,7 @@ class ChaosRun:
         target = Path(self.config.history) if self.config.history else self.workdir / "history.merged"
         events = merge(paths, target)
         report = check(events)
-        if not self.config.history and self.config.fencing and not report.passed:
+        if not self.config.history and self.config.fencing and not self.config.unsafe and not report.passed:
             # A fenced run failed: keep the evidence.
             handle, kept = tempfile.mkstemp(prefix="coordination-chaos-history-", suffix=".jsonl")
             os.close(handle)
