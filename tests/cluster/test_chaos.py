@@ -11,15 +11,26 @@ writes lost. docs/high-availability.md; project/lab/chaos/patroni.py.
 from __future__ import annotations
 
 import io
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from django.db import connections
 
 from coordination.backends.postgresql import FAILOVER_MARGIN
 from project.lab.chaos.run import ChaosConfig, ChaosRun
-from tests.support.cluster import Cluster
+from tests.support.cluster import CLUSTER_ALIAS, Cluster
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(300)]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cluster_connection() -> Iterator[None]:
+    """The session's connection to the cluster went to a primary these runs
+    replace: the tests after them must connect again."""
+    yield
+    if CLUSTER_ALIAS in connections.settings:
+        connections[CLUSTER_ALIAS].close()
 
 
 def test_failover_chaos_keeps_the_fencing_contract_across_primaries(

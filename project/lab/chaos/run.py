@@ -26,7 +26,15 @@ from django.db import DatabaseError, InterfaceError, connections
 from .checker import Report, check
 from .faults import FAULT_KINDS, ManagedPostgres
 from .history import HistoryWriter, iso, merge, read_events
-from .patroni import CLUSTER_FAULT_KINDS, ClusterFaults, PatroniCluster, PatroniError, failover_figures
+from .patroni import (
+    CLUSTER_FAULT_KINDS,
+    ClusterFaults,
+    PatroniCluster,
+    PatroniError,
+    disable_guard,
+    failover_figures,
+    restore_guard,
+)
 from .worker import HOLDING, STARTING
 
 __all__ = ["ChaosConfig", "ChaosError", "ChaosRun"]
@@ -287,15 +295,11 @@ class ChaosRun:
         self._query(lambda cursor: cursor.execute("SELECT 1"))
         call_command("migrate", database=self.alias, verbosity=0, interactive=False)
         if self.config.unsafe:
-            from .patroni import disable_guard
-
             self.guard_definition = self._query(disable_guard)
             self._say("chaos: --unsafe: the promotion guard is DISABLED in the cluster's database")
 
     def _restore_cluster(self) -> None:
         """Put back what _prepare_cluster changed (best effort: the cluster may be gone)."""
-        from .patroni import restore_guard
-
         if self.guard_definition is not None:
             definition = self.guard_definition
             with contextlib.suppress(Exception):
