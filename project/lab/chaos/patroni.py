@@ -306,6 +306,13 @@ class PatroniCluster:
     def start_node(self, node: int) -> None:
         self.script("start-node", str(node))
 
+    def start_stopped_nodes(self) -> list[int]:
+        """Start every node whose Patroni is not running (a kill left it down)."""
+        started = [node for node in NODES if not self.node_running(node)]
+        for node in started:
+            self.start_node(node)
+        return started
+
     def node_running(self, node: int) -> bool:
         pid = self.patroni_pid(node)
         if pid is None:
@@ -535,9 +542,7 @@ class ClusterFaults(threading.Thread):
             self.cluster.resume(self._paused)
         self._paused = []
         with contextlib.suppress(Exception):
-            for node in NODES:
-                if not self.cluster.node_running(node):
-                    self.cluster.start_node(node)
+            self.cluster.start_stopped_nodes()
 
 
 # --- the figures ----------------------------------------------------------------------

@@ -276,6 +276,8 @@ class ChaosRun:
             raise ChaosError("--patroni needs the Patroni cluster running with a leader "
                              "(bin/cluster.sh start)")
         self.cluster = cluster
+        for node in cluster.start_stopped_nodes():
+            self._say(f"chaos: node{node} was down; started it")
         wanted: dict[str, Any] = {
             "synchronous_mode": not self.config.unsafe, "synchronous_mode_strict": not self.config.unsafe,
         }
