@@ -371,6 +371,11 @@ class ChaosRun:
             from .celery_tasks import CONFIG_ENVIRONMENT
 
             environment[CONFIG_ENVIRONMENT] = str(config_path)
+            if self.cluster is not None:
+                # The worker points its default database at the cluster once Django
+                # has made the connection wrapper, whose class follows the site's
+                # default ENGINE: that must be PostgreSQL too.
+                environment["DATABASE_URL"] = "postgres://coordination@127.0.0.1/coordination"
             # The solo pool runs the task in the worker process itself, so a
             # SIGSTOP of that process pauses the task mid-way.
             command = [

@@ -129,9 +129,8 @@ class Command(BaseCommand):
             raise CommandError(f"--cluster-faults: choose from {', '.join(CLUSTER_FAULT_KINDS)}")
         if options["unsafe"] and not options["patroni"]:
             raise CommandError("--unsafe is the negative control of --patroni")
-        if options["patroni"] and (options["manage_postgres"] or options["celery"]):
-            raise CommandError("--patroni runs plain workers against the cluster: "
-                               "no --manage-postgres, no --celery")
+        if options["patroni"] and options["manage_postgres"]:
+            raise CommandError("--patroni runs against the cluster of bin/cluster.sh: no --manage-postgres")
         if not apps.is_installed("project.demo"):
             raise CommandError(
                 "coordination_chaos writes to the demo app's Account rows: add project.demo to "
