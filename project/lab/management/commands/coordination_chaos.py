@@ -16,7 +16,8 @@ duplicates). Same ``--json`` report and exit statuses.
 bin/cluster.sh (start it first) with synchronous replication while the primary
 is killed, paused and switched over (:mod:`project.lab.chaos.patroni`); the
 summary adds the failovers, the unavailability per failover and the tokens the
-promotion guard skipped. With ``--unsafe``, the negative control: asynchronous
+promotion guard skipped; with ``--celery`` the workers are Celery workers, as
+without ``--patroni``. With ``--unsafe``, the negative control: asynchronous
 replication, the guard disabled, WAL shipping stopped before the primary is
 killed; the checker must find reused tokens or lost acknowledged writes.
 """
