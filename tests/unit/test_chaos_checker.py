@@ -310,3 +310,59 @@ def test_the_checker_runs_on_its_own_over_a_history_file(tmp_path: Path) -> None
     assert checker.main([str(path), "--json", str(tmp_path / "figures.json")]) == 0
     figures = json.loads((tmp_path / "figures.json").read_text())
     assert figures["passed"] is True and figures["stale_write_attempts"] == 1
+
+
+# --- across a promotion (coordination_chaos --patroni) ---------------------------
+
+FLOOR = 1_000_000_042  # the floor the promotion guard raised the counters to
+
+
+def promoted(history: History, at: float = 1.45) -> History:
+    """A cluster fault, then the guard's work on the new primary: the Fence row
+    closed at the raised floor with the largest step."""
+    return history.add(type="cluster_fault", kind="kill_node", node=1, timeline=1, mono=at)
+
+
+def test_a_refusal_by_a_watermark_the_promotion_guard_closed_is_justified() -> None:
+    closed = [FLOOR, checker.CLOSED_STEP]
+    history = seed_timeline().write("B", "r", 42, 2, 421, 1.5, 1.6, "refused", "stale_token", closed)
+    # No write of the floor's token explains it, so without a cluster fault it is
+    # unjustified; after one, the guard closed the watermark.
+    assert "unjustified_refusal" in checks(history.check())
+    assert promoted(history).check().violations == []
+    # Only before a refusal: a fault after it does not explain it.
+    late = seed_timeline().write("B", "r", 42, 2, 421, 1.5, 1.6, "refused", "stale_token", closed)
+    assert "unjustified_refusal" in checks(promoted(late, at=1.7).check())
+
+
+def test_a_final_state_the_promotion_guard_closed_keeps_the_last_write() -> None:
+    history = promoted(seed_timeline())
+    for event in history.events:
+        if event.get("type") == "final":
+            event.update(token=FLOOR, step=checker.CLOSED_STEP)
+    assert history.check().violations == [], "closed after B's write, still B's value"
+    for event in history.events:
+        if event.get("type") == "final":
+            event["value"] = 410  # the closed row holds a value no last write left
+    assert "lost_write" in checks(history.check())
+
+
+def test_failover_figures_measure_from_the_fault_to_the_first_token_above_the_floor() -> None:
+    from project.lab.chaos.patroni import failover_figures
+
+    margin = 1_000_000_000
+    history = (
+        History()
+        .acquire("A", "k", 41, 0.0, 0.1, (0.0, 1.0))
+        .acquire("B", "k", 42, 0.5, 1.0, (0.5, 1.5))
+        .add(type="cluster_fault", kind="switchover", node=1, timeline=1, mono=2.0)
+        .op("acquire", "A", 2.5, None, key="k")  # cut by the failover: unknown
+        .add(type="promotion", node=2, timeline=2, previous=1, previous_timeline=1, mono=6.0)
+        .acquire("A", "k", 42 + margin + 1, 5.0, 7.5, (5.0, 6.0))
+        .acquire("B", "k", 42 + margin + 2, 7.6, 7.7, (7.6, 8.6))
+    )
+    figures = failover_figures(history.events, margin)
+    assert figures["failovers"] == 1 and figures["failovers_by_kind"] == {"switchover": 1}
+    assert figures["unavailable_seconds"] == [5.5]
+    assert figures["unavailable_p50"] == figures["unavailable_p99"] == 5.5
+    assert figures["tokens_skipped"] == [margin]

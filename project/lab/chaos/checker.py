@@ -54,6 +54,10 @@ GRANTS = {"acquire", "acquire_permit"}
 """Operations that acknowledge one grant of one key (a permit's key is its slot)."""
 SHARED_HOLDERS = re.compile(r"\d+ shared holders?")
 """How a refusal names the readers holding a key together (coordination.backends.shared)."""
+# A watermark at this step was closed, not written: the promotion guard closes
+# every Fence row at the raised token floor with the largest step, so that no
+# token from before the promotion writes again (docs/high-availability.md).
+CLOSED_STEP = 2**63 - 1
 
 
 @dataclass
@@ -149,6 +153,15 @@ class Report:
             f"grants checked: {f['grants_checked']}   resources checked: {f['resources_checked']}",
             f"violations: {len(self.violations)}  (by check: {_fmt(f['violations_by_check'])})",
         ]
+        if "failovers" in f:
+            lines += [
+                f"cluster faults: {f['cluster_faults']}  (by kind: {_fmt(f['cluster_faults_by_kind'])})",
+                f"failovers and switchovers: {f['failovers']}  (by fault: {_fmt(f['failovers_by_kind'])})",
+                f"unavailability per failover (fault to first grant on the new primary): "
+                f"p50 {f['unavailable_p50']} s, p99 {f['unavailable_p99']} s",
+                f"tokens skipped by the promotion guard per failover: "
+                f"{_span(f['tokens_skipped'])}",
+            ]
         for violation in self.violations[:limit]:
             lines.append(f"  - [{violation.check}] {violation.subject}: {violation.detail}")
         if len(self.violations) > limit:
@@ -157,6 +170,10 @@ class Report:
             lines.append("no stale write was attempted: the faults did not bite; the run proves nothing")
         lines.append("PASSED" if self.passed else "FAILED")
         return "\n".join(lines)
+
+
+def _span(values: list[int]) -> str:
+    return f"{min(values)} to {max(values)} ({len(values)} failovers)" if values else "none"
 
 
 def _fmt(counts: dict[str, int]) -> str:
@@ -517,6 +534,11 @@ def _check_writes(ops: list[Op], events: Sequence[Event], violations: list[Viola
         elif event.get("type") == "stored_resource":
             stored_resources.add(event["resource"])
 
+    # Cluster faults (coordination_chaos --patroni): from the first one on, a
+    # Fence row may have been closed by the promotion guard.
+    faults_from = min(
+        (float(e["mono"]) for e in events if e.get("type") == "cluster_fault"), default=INF
+    )
     stale_attempts = 0
     for resource, resource_writes in writes.items():
         accepted = sorted((op for op in resource_writes if op.ok), key=lambda op: op.position)
@@ -550,9 +572,10 @@ def _check_writes(ops: list[Op], events: Sequence[Event], violations: list[Viola
                 stale_attempts += 1
                 watermark = op.result.get("watermark") or [None, None]
                 mark = watermark[0]
-                justified = mark is not None and int(mark) > (op.token or 0) and any(
+                closed = watermark[1] == CLOSED_STEP and faults_from < op.completed
+                justified = mark is not None and int(mark) > (op.token or 0) and (closed or any(
                     other.token == int(mark) and other.invoked < op.completed for other in maybe
-                )
+                ))
             elif op.reason == "duplicate_write":
                 justified = any(
                     other is not op and other.token == op.token and (other.step or 0) >= (op.step or 0)
@@ -595,6 +618,15 @@ def _check_final(
     state = (int(final.get("token") or 0), int(final.get("step") or 0))
     value = final.get("value")
     last = accepted[-1] if accepted else None
+    # Closed by the promotion guard after the last write: the data is the last
+    # write's (an accepted one, or a later one of unknown outcome). A ledger's
+    # final value is read at the watermark, so a closed one has none.
+    closed = state[1] == CLOSED_STEP and (last is None or state > last.position)
+    if closed and (value is None or (last is not None and value == last.value) or any(
+        op.unknown and op.value == value and (last is None or op.position > last.position)
+        for op in resource_writes
+    )):
+        return
     if last is not None and state == last.position and value == last.value:
         return
     floor = last.position if last is not None else (0, 0)

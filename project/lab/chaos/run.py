@@ -26,6 +26,15 @@ from django.db import DatabaseError, InterfaceError, connections
 from .checker import Report, check
 from .faults import FAULT_KINDS, ManagedPostgres
 from .history import HistoryWriter, iso, merge, read_events
+from .patroni import (
+    CLUSTER_FAULT_KINDS,
+    ClusterFaults,
+    PatroniCluster,
+    PatroniError,
+    disable_guard,
+    failover_figures,
+    restore_guard,
+)
 from .worker import HOLDING, STARTING
 
 __all__ = ["ChaosConfig", "ChaosError", "ChaosRun"]
@@ -63,6 +72,15 @@ class ChaosConfig:
     celery_app: str = "project"
     # Seconds the run may go on past ``seconds`` while no stale write was attempted.
     extend_up_to: float = 60.0
+    # --patroni: against the Patroni cluster of bin/cluster.sh, with cluster faults
+    # (project.lab.chaos.patroni); synchronous replication and the promotion guard.
+    patroni: bool = False
+    cluster_faults: tuple[str, ...] = field(default=CLUSTER_FAULT_KINDS)
+    cluster_interval: float = 5.0  # mean seconds between a recovery and the next cluster fault
+    # --patroni --unsafe: the negative control (asynchronous replication, the
+    # guard disabled, WAL shipping stopped for lag_seconds before the primary dies).
+    unsafe: bool = False
+    lag_seconds: float = 3.0
 
 
 @dataclass
@@ -110,6 +128,10 @@ class ChaosRun:
         self.crashes = 0
         self.sent = 0
         self.semaphore = f"chaos-permits-{os.getpid()}-{self.seed:x}"
+        self.cluster: PatroniCluster | None = None
+        self.cluster_faults: ClusterFaults | None = None
+        self.cluster_config: dict[str, Any] = {}  # Patroni's settings this run changed, as they were
+        self.guard_definition: str | None = None  # the guard --unsafe replaced, to put back
 
     # --- the run ----------------------------------------------------------------
 
@@ -147,6 +169,14 @@ class ChaosRun:
             self._spawn()
         self._wait_until_ready()
         self.started = time.monotonic()
+        if self.cluster is not None:
+            self.cluster_faults = ClusterFaults(
+                self.cluster, random.Random(self.rng.randrange(2**32)), self.workdir / "cluster.jsonl",
+                kinds=config.cluster_faults, sync=not config.unsafe, unsafe=config.unsafe,
+                interval=config.cluster_interval, lag_seconds=config.lag_seconds, say=self._say,
+                started=self.started,
+            )
+            self.cluster_faults.start()
         deadline = self.started + config.seconds
         pending = list(kinds)
         self.rng.shuffle(pending)
@@ -158,7 +188,7 @@ class ChaosRun:
         # ``seconds``, pausing holders for longer than a lease, until one bit or
         # ``extend_up_to`` more seconds have passed.
         extended = False
-        limit = deadline + (config.extend_up_to if "pause" in kinds else 0.0)
+        limit = deadline + (config.extend_up_to if "pause" in kinds and not config.unsafe else 0.0)
         next_look = deadline
         while (now := time.monotonic()) < limit:
             if now >= deadline and now >= next_look:
@@ -174,8 +204,9 @@ class ChaosRun:
             self._resume_due(now)
             self._replace_exited()
             if now >= next_sample:
-                self._sample()
-                next_sample = now + 0.3
+                # A failed sample (no primary right now) waits longer: each try
+                # can take a connect timeout per node.
+                next_sample = now + (0.3 if self._sample() else 2.0)
             if kinds and now >= next_fault:
                 if extended:
                     self._inject("pause", long_pause=True)
@@ -185,6 +216,14 @@ class ChaosRun:
                         pending.append(kind)  # no worker to pause now: try it again next time
                 next_fault = time.monotonic() + self._fault_gap()
             time.sleep(0.02)
+        if self.cluster_faults is not None:
+            self._say("chaos: stopping the cluster faults; waiting for every node to be back")
+            try:
+                self.cluster_faults.finish()
+            except PatroniError as error:
+                raise ChaosError(str(error)) from error
+            assert self.cluster is not None
+            self.cluster.wait(lambda: self.cluster and self.cluster.healthy(False), "a healthy cluster", 240)
         self._stop_workers()
         self._sample()
         return self._finish()
@@ -218,6 +257,8 @@ class ChaosRun:
 
     def _available_faults(self) -> list[str]:
         kinds = [kind for kind in self.config.faults if kind in FAULT_KINDS]
+        if self.config.unsafe:
+            return []  # the negative control: only the lag and the kill of the primary
         if self.vendor != "postgresql":
             kinds = [kind for kind in kinds if kind in {"pause", "kill"}]
         if self.server is None:
@@ -229,7 +270,9 @@ class ChaosRun:
     def _prepare_database(self) -> None:
         from project.demo.models import Account
 
-        if self.config.manage_postgres:
+        if self.config.patroni:
+            self._prepare_cluster()
+        elif self.config.manage_postgres:
             self._say("chaos: starting a throwaway PostgreSQL server ...")
             self.server = ManagedPostgres()
             self.server.start()
@@ -246,6 +289,55 @@ class ChaosRun:
             account = Account.objects.using(self.alias).create(owner=f"chaos-{run_id}-{index}")
             self.accounts.append(account.pk)
 
+    def _prepare_cluster(self) -> None:
+        """Connect to the running cluster of bin/cluster.sh, set its replication mode,
+        migrate it; for --unsafe, disable the guard and allow any lag at promotion."""
+        cluster = PatroniCluster()
+        if cluster.leader() is None:
+            raise ChaosError("--patroni needs the Patroni cluster running with a leader "
+                             "(bin/cluster.sh start)")
+        self.cluster = cluster
+        for node in cluster.start_stopped_nodes():
+            self._say(f"chaos: node{node} was down; started it")
+        wanted: dict[str, Any] = {
+            "synchronous_mode": not self.config.unsafe, "synchronous_mode_strict": not self.config.unsafe,
+        }
+        if self.config.unsafe:
+            # Patroni would not promote a standby lagging more than 1 MiB; the
+            # negative control must fail over whatever the lag.
+            wanted["maximum_lag_on_failover"] = 2**40
+        found = cluster.config()
+        self.cluster_config = {name: found.get(name) for name in wanted}
+        cluster.patch_config(wanted)
+        mode = "asynchronous" if self.config.unsafe else "synchronous (strict)"
+        self._say(f"chaos: Patroni cluster, {mode} replication; waiting for two streaming standbys ...")
+        cluster.wait(lambda: cluster.healthy(not self.config.unsafe), "a leader and two standbys", 240)
+        self.alias = MANAGED_ALIAS
+        settings.DATABASES[self.alias] = cluster.database_settings()
+        connections.configure_settings(settings.DATABASES)
+        self._query(lambda cursor: cursor.execute("SELECT 1"))
+        call_command("migrate", database=self.alias, verbosity=0, interactive=False)
+        if self.config.unsafe:
+            self.guard_definition = self._query(disable_guard)
+            self._say("chaos: --unsafe: the promotion guard is DISABLED in the cluster's database")
+
+    def _restore_cluster(self) -> None:
+        """Put back what _prepare_cluster changed (best effort: the cluster may be gone)."""
+        if self.guard_definition is not None:
+            definition = self.guard_definition
+            with contextlib.suppress(Exception):
+                self._query(lambda cursor: restore_guard(cursor, definition))
+                self.guard_definition = None
+            if self.guard_definition is not None:
+                self._say("chaos: could not put the promotion guard back: the cluster's database "
+                          "has none; bin/cluster.sh stop removes the cluster")
+        if self.cluster is not None and self.cluster_config:
+            restored = dict(self.cluster_config)
+            if restored.get("synchronous_mode") is None:
+                restored.update(synchronous_mode=False, synchronous_mode_strict=False)
+            with contextlib.suppress(Exception):
+                self.cluster.patch_config(restored)
+
     def _worker_database(self, name: str) -> dict[str, Any]:
         database: dict[str, Any] = json.loads(
             json.dumps(connections[self.alias].settings_dict, default=str)
@@ -256,17 +348,22 @@ class ChaosRun:
         database["CONN_MAX_AGE"] = None
         return database
 
-    def _query(self, work: Callable[[Any], Any]) -> Any:
-        """Run a controller query, tolerating a server that is restarting."""
-        for _attempt in range(50):
+    def _query(self, work: Callable[[Any], Any], timeout: float | None = None) -> Any:
+        """Run a controller query, tolerating a server that is restarting (or, on the
+        cluster, a primary that is failing over)."""
+        if timeout is None:
+            timeout = 180.0 if self.config.patroni else 10.0
+        deadline = time.monotonic() + timeout
+        while True:
             try:
                 with connections[self.alias].cursor() as cursor:
                     return work(cursor)
             except (DatabaseError, InterfaceError):
                 with contextlib.suppress(Exception):
                     connections[self.alias].close()
+                if time.monotonic() > deadline:
+                    raise ChaosError(f"the database did not come back within {timeout:g} s") from None
                 time.sleep(0.2)
-        raise ChaosError("the database did not come back within 10 s")
 
     # --- workers -----------------------------------------------------------------
 
@@ -296,6 +393,11 @@ class ChaosRun:
             from .celery_tasks import CONFIG_ENVIRONMENT
 
             environment[CONFIG_ENVIRONMENT] = str(config_path)
+            if self.cluster is not None:
+                # The worker points its default database at the cluster once Django
+                # has made the connection wrapper, whose class follows the site's
+                # default ENGINE: that must be PostgreSQL too.
+                environment["DATABASE_URL"] = "postgres://coordination@127.0.0.1/coordination"
             # The solo pool runs the task in the worker process itself, so a
             # SIGSTOP of that process pauses the task mid-way.
             command = [
@@ -418,7 +520,15 @@ class ChaosRun:
         elif kind == "terminate_backend":
             worker = self.rng.choice([w for w in self.workers if w.paused_until is None] or self.workers)
             fault["worker"] = worker.name
-            fault["terminated"] = self._query(lambda cursor: _terminate(cursor, _app_name(worker.name)))
+            try:
+                # On the cluster, at most a connect timeout: during a failover there is
+                # no primary to find the backend on, and the main loop must go on.
+                fault["terminated"] = self._query(
+                    lambda cursor: _terminate(cursor, _app_name(worker.name)),
+                    timeout=0.0 if self.config.patroni else None,
+                )
+            except ChaosError:
+                return False
         else:
             assert self.server is not None
             mode = kind.removeprefix("restart_")
@@ -453,7 +563,8 @@ class ChaosRun:
 
     # --- observations and the final state ----------------------------------------
 
-    def _sample(self) -> None:
+    def _sample(self) -> bool:
+        """Log the counters and watermarks; False if the database did not answer."""
         assert self.log is not None
         keys = self.lock_keys
         try:
@@ -461,9 +572,10 @@ class ChaosRun:
         except (DatabaseError, InterfaceError):
             with contextlib.suppress(Exception):
                 connections[self.alias].close()
-            return
+            return False
         for name, token, step in observed:
             self.log.write({"type": "observe", "object": name, "token": token, "step": step})
+        return True
 
     def _finish(self) -> Report:
         from coordination.models import Document, Fence, Grant, IdempotencyRecord, Lock
@@ -510,7 +622,7 @@ class ChaosRun:
         target = Path(self.config.history) if self.config.history else self.workdir / "history.merged"
         events = merge(paths, target)
         report = check(events)
-        if not self.config.history and self.config.fencing and not report.passed:
+        if not self.config.history and self.config.fencing and not self.config.unsafe and not report.passed:
             # A fenced run failed: keep the evidence.
             handle, kept = tempfile.mkstemp(prefix="coordination-chaos-history-", suffix=".jsonl")
             os.close(handle)
@@ -524,7 +636,12 @@ class ChaosRun:
             faults_missing=sorted(set(self._available_faults()) - set(report.figures["faults_by_kind"])),
             worker_crashes=sum(1 for event in events if event.get("type") == "worker_exit"),
             celery=self.config.celery, tasks_sent=self.sent, primitives=self.primitives,
+            patroni=self.config.patroni, unsafe=self.config.unsafe,
         )
+        if self.config.patroni:
+            from coordination.backends.postgresql import FAILOVER_MARGIN
+
+            report.figures.update(failover_figures(events, FAILOVER_MARGIN))
         return report
 
     # --- cleanup ----------------------------------------------------------------------
@@ -543,6 +660,11 @@ class ChaosRun:
         if self.log is not None:
             with contextlib.suppress(Exception):
                 self.log.close()
+        if self.cluster_faults is not None and self.cluster_faults.is_alive():
+            with contextlib.suppress(Exception):
+                self.cluster_faults.finish()
+        if self.cluster is not None:
+            self._restore_cluster()
         if self.alias == MANAGED_ALIAS:
             with contextlib.suppress(Exception):
                 connections[self.alias].close()

@@ -11,6 +11,15 @@ any violation, or when no stale write was attempted (the faults did not bite).
 worker, the leader paused past its lease and killed; with ``--no-fencing``, the
 negative control (Celery's stock scheduler on every beat, which shows the
 duplicates). Same ``--json`` report and exit statuses.
+
+``--patroni`` runs the workload against the Patroni + etcd cluster of
+bin/cluster.sh (start it first) with synchronous replication while the primary
+is killed, paused and switched over (:mod:`project.lab.chaos.patroni`); the
+summary adds the failovers, the unavailability per failover and the tokens the
+promotion guard skipped; with ``--celery`` the workers are Celery workers, as
+without ``--patroni``. With ``--unsafe``, the negative control: asynchronous
+replication, the guard disabled, WAL shipping stopped before the primary is
+killed; the checker must find reused tokens or lost acknowledged writes.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from project.lab.chaos.beat import BeatChaos, BeatChaosConfig
 from project.lab.chaos.faults import FAULT_KINDS, ManagedServerError
+from project.lab.chaos.patroni import CLUSTER_FAULT_KINDS, PatroniError
 from project.lab.chaos.run import ChaosConfig, ChaosError, ChaosRun
 
 
@@ -76,6 +86,26 @@ class Command(BaseCommand):
             help="leave the fenced document store out of the workload",
         )
 
+        cluster = parser.add_argument_group("--patroni: failover chaos on bin/cluster.sh's cluster")
+        cluster.add_argument(
+            "--patroni", action="store_true",
+            help="run against the running Patroni cluster (bin/cluster.sh start), synchronous "
+                 "replication, and kill, pause and switch over its primary",
+        )
+        cluster.add_argument(
+            "--unsafe", action="store_true",
+            help="with --patroni, the negative control: asynchronous replication, the promotion "
+                 "guard disabled, replication stopped before the primary is killed; the checker must fail",
+        )
+        cluster.add_argument(
+            "--cluster-faults", default=",".join(CLUSTER_FAULT_KINDS),
+            help=f"comma-separated cluster fault kinds (default: all of {', '.join(CLUSTER_FAULT_KINDS)})",
+        )
+        cluster.add_argument("--cluster-interval", type=float, default=5.0,
+                             help="mean seconds from a recovered cluster to its next fault (default 5)")
+        cluster.add_argument("--lag-seconds", type=float, default=3.0,
+                             help="--unsafe: seconds the primary's WAL senders stay stopped (default 3)")
+
         beat = parser.add_argument_group("--beat: several celery beats, one leader (needs a broker)")
         beat.add_argument(
             "--beat", action="store_true",
@@ -103,6 +133,13 @@ class Command(BaseCommand):
             raise CommandError(f"unknown fault kinds: {', '.join(sorted(unknown))}")
         if options["workers"] < 2 or options["keys"] < 1 or options["ttl"] <= 0 or options["seconds"] <= 0:
             raise CommandError("need --workers >= 2, --keys >= 1, --ttl > 0 and --seconds > 0")
+        cluster_faults = tuple(kind.strip() for kind in options["cluster_faults"].split(",") if kind.strip())
+        if set(cluster_faults) - set(CLUSTER_FAULT_KINDS) or not cluster_faults:
+            raise CommandError(f"--cluster-faults: choose from {', '.join(CLUSTER_FAULT_KINDS)}")
+        if options["unsafe"] and not options["patroni"]:
+            raise CommandError("--unsafe is the negative control of --patroni")
+        if options["patroni"] and options["manage_postgres"]:
+            raise CommandError("--patroni runs against the cluster of bin/cluster.sh: no --manage-postgres")
         if not apps.is_installed("project.demo"):
             raise CommandError(
                 "coordination_chaos writes to the demo app's Account rows: add project.demo to "
@@ -115,6 +152,8 @@ class Command(BaseCommand):
             fault_interval=options["fault_interval"], documents=options["documents"], faults=faults,
             celery=options["celery"], celery_app=options["celery_app"],
             primitives=options["primitives"], permits=options["permits"],
+            patroni=options["patroni"], unsafe=options["unsafe"], cluster_faults=cluster_faults,
+            cluster_interval=options["cluster_interval"], lag_seconds=options["lag_seconds"],
         )
         if config.primitives and config.celery:
             raise CommandError("--primitives runs plain workers; leave out --celery")
@@ -122,13 +161,19 @@ class Command(BaseCommand):
             report = ChaosRun(config, out=self.stdout).run()
         except KeyboardInterrupt:
             raise CommandError("interrupted; workers and the managed server were stopped") from None
-        except (ChaosError, ManagedServerError) as error:
+        except (ChaosError, ManagedServerError, PatroniError) as error:
             raise CommandError(f"the chaos run could not be carried out: {error}") from None
         self.stdout.write(report.summary())
         if options["json_path"]:
             with open(options["json_path"], "w", encoding="utf-8") as out:
                 json.dump(report.as_dict(), out, indent=2, sort_keys=True)
         if not report.passed:
+            if config.unsafe and report.violations:
+                raise CommandError(
+                    f"--unsafe: {len(report.violations)} violations, as expected without the promotion "
+                    "guard and synchronous replication",
+                    returncode=1,
+                )
             if not config.fencing:
                 raise CommandError(
                     f"--no-fencing: {len(report.violations)} violations, as expected without fences",
