@@ -19,7 +19,7 @@ import time
 import pytest
 
 from coordination import locks, restore
-from coordination.exceptions import LeaseLost, LockHeld
+from coordination.exceptions import CoordinationError, LeaseLost, LockHeld
 from tests.support.waiting import run_in_threads
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
@@ -52,7 +52,15 @@ def test_a_bump_beside_acquire_many_on_the_same_keys_never_deadlocks() -> None:
             deadline = time.monotonic() + 4
             runs = 0
             while time.monotonic() < deadline or runs < 3:
-                restore.bump_tokens(1000, apply=True, batch_size=len(KEYS))
+                try:
+                    restore.bump_tokens(1000, apply=True, batch_size=len(KEYS))
+                except CoordinationError as error:
+                    # A held key is revoked, then bumped once free; one taken
+                    # again each time gives up (clients should be stopped).
+                    # That is the guard's documented refusal, not a deadlock
+                    # (which PostgreSQL raises as a database error).
+                    assert "keeps being acquired" in str(error)
+                    continue
                 runs += 1
             return runs
         finally:

@@ -416,7 +416,12 @@ def test_threads_pool_keeps_each_concurrent_tasks_grant_to_its_own_thread(
     assert acquired[0]["pid"] == acquired[1]["pid"]  # one process, two threads at once
     for account in accounts:
         assert balance(account) == Decimal("101.00")
+        # The task reports its write before it returns; the release follows.
         grant = Grant.objects.get(lock__key=f"account:{account.pk}")
+        while not grant.end_reason:
+            assert time.monotonic() < deadline, (events(report), worker.log_text()[-3000:])
+            time.sleep(0.05)
+            grant.refresh_from_db()
         assert (grant.token, grant.end_reason) == (1, GrantEnd.RELEASED)
 
 
