@@ -134,7 +134,7 @@ def raise_floor(
     with transaction.atomic(using=alias):
         if apply:
             # The row is locked from here to the commit: raises by others wait, then add.
-            floors.bulk_create([TokenFloor(pk=TokenFloor.ROW)], ignore_conflicts=True)
+            floors.ensure_row()
             before = floors.select_for_update().value()
         else:
             before = floors.value()

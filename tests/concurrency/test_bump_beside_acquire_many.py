@@ -17,9 +17,11 @@ import threading
 import time
 
 import pytest
+from django.db import connection, transaction
 
 from coordination import locks, restore
 from coordination.exceptions import CoordinationError, LeaseLost, LockHeld
+from coordination.models import CURRENT_TIMELINE_SQL, TokenFloor
 from tests.support.waiting import run_in_threads
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
@@ -69,3 +71,42 @@ def test_a_bump_beside_acquire_many_on_the_same_keys_never_deadlocks() -> None:
     results = run_in_threads(5, lambda i: bumps(i) if i == 0 else transfers(i), timeout=120)
     assert results[0] >= 3
     assert granted[0] > 0
+
+
+def test_a_floor_row_made_again_records_the_timeline_so_no_grant_waits_for_it() -> None:
+    """The promotion guard locks the floor's row when the row records no
+    timeline yet. A row that appeared so in the middle of an ``acquire_many``
+    (a flushed floor remade by the bump above) deadlocked two sets: one held
+    the row and waited for a lock row, the other held that lock row and waited
+    for the floor row. A remade row records the timeline, so no grant locks it."""
+    TokenFloor.objects.filter(pk=TokenFloor.ROW).delete()
+    TokenFloor.objects.raise_to(5)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {CURRENT_TIMELINE_SQL}")
+        (current,) = cursor.fetchone()
+    assert TokenFloor.objects.get().timeline == current
+
+    held, done = threading.Event(), threading.Event()
+
+    def hold_the_floor_row() -> None:
+        try:
+            with transaction.atomic():
+                TokenFloor.objects.select_for_update().get()
+                held.set()
+                done.wait(30)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold_the_floor_row)
+    holder.start()
+    try:
+        assert held.wait(10)
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = '5s'")  # a wait for the row fails the test
+        grants = locks.acquire_many(["floor-a", "floor-b"], holder="h", ttl=30)
+        assert {grant.token for grant in grants.values()} == {6}
+    finally:
+        done.set()
+        holder.join(30)
+        with connection.cursor() as cursor:
+            cursor.execute("RESET lock_timeout")
