@@ -320,6 +320,37 @@ def recent_keys(
     return keys
 
 
+def _marks_and_axis(
+    alias: str, keys: list[str], spans: list[tuple[Grant, dt.datetime, dt.datetime, str]],
+    now: dt.datetime, shown: Shown,
+) -> tuple[dt.datetime, dt.datetime, list[Rejection], list[AcceptedWrite]]:
+    """The writes to mark (refused, and accepted when recorded; the newest
+    :data:`TIMELINE_MARKS` of each that ``shown`` lets the viewer see) of the
+    grants in ``spans`` on ``keys``, and the time axis that holds their bars
+    and marks, with a little room on both sides so marks at the edges stay
+    visible."""
+    start = min((begin for _, begin, _, _ in spans), default=now - dt.timedelta(minutes=1))
+    tokens = {grant.token for grant, _, _, _ in spans}
+    refused = list(
+        Rejection.objects.using(alias)
+        .filter(lock_key__in=keys, token__in=tokens, created_at__gte=start)
+        .order_by("-created_at")[:TIMELINE_MARKS]
+    ) if shown.rejections else []
+    accepted = list(
+        AcceptedWrite.objects.using(alias)
+        .filter(lock_key__in=keys, token__in=tokens, created_at__gte=start)
+        .order_by("-created_at")[:TIMELINE_MARKS]
+    ) if shown.accepted_writes else []
+    end = max(
+        [finish for _, _, finish, _ in spans]
+        + [row.created_at for row in refused]
+        + [row.created_at for row in accepted]
+        + [start + dt.timedelta(seconds=1)]
+    )
+    pad = (end - start) * 0.03
+    return start - pad, end + pad, refused, accepted
+
+
 def build_timeline(
     lock: Lock, now: dt.datetime, *, using: str | None = None, shown: Shown | None = None
 ) -> Timeline:
@@ -336,27 +367,7 @@ def build_timeline(
         Grant.objects.using(alias).filter(lock=lock).order_by("-token")[:TIMELINE_GRANTS]
     )[::-1]
     spans = [(grant, *_span(grant, now)) for grant in grants]
-    tokens = {grant.token for grant in grants}
-    start = min((begin for _, begin, _, _ in spans), default=now - dt.timedelta(minutes=1))
-    refused = list(
-        Rejection.objects.using(alias)
-        .filter(lock_key=lock.key, token__in=tokens, created_at__gte=start)
-        .order_by("-created_at")[:TIMELINE_MARKS]
-    ) if shown.rejections else []
-    accepted = list(
-        AcceptedWrite.objects.using(alias)
-        .filter(lock_key=lock.key, token__in=tokens, created_at__gte=start)
-        .order_by("-created_at")[:TIMELINE_MARKS]
-    ) if shown.accepted_writes else []
-    end = max(
-        [finish for _, _, finish, _ in spans]
-        + [row.created_at for row in refused]
-        + [row.created_at for row in accepted]
-        + [start + dt.timedelta(seconds=1)]
-    )
-    # A little room on both sides, so marks at the very edges stay visible.
-    pad = (end - start) * 0.03
-    start, end = start - pad, end + pad
+    start, end, refused, accepted = _marks_and_axis(alias, [lock.key], spans, now, shown)
     height = len(grants) * (LANE_HEIGHT + LANE_GAP) + LANE_GAP + AXIS_HEIGHT
     timeline = Timeline(
         key=lock.key,
@@ -448,26 +459,7 @@ def build_semaphore_timeline(
     )[::-1]
     spans = [(grant, *_span(grant, now)) for grant in grants]
     keys = [lock.key for _, lock in slot_locks]
-    start = min((begin for _, begin, _, _ in spans), default=now - dt.timedelta(minutes=1))
-    tokens = {grant.token for grant in grants}
-    refused = list(
-        Rejection.objects.using(alias)
-        .filter(lock_key__in=keys, token__in=tokens, created_at__gte=start)
-        .order_by("-created_at")[:TIMELINE_MARKS]
-    ) if shown.rejections else []
-    accepted = list(
-        AcceptedWrite.objects.using(alias)
-        .filter(lock_key__in=keys, token__in=tokens, created_at__gte=start)
-        .order_by("-created_at")[:TIMELINE_MARKS]
-    ) if shown.accepted_writes else []
-    end = max(
-        [finish for _, _, finish, _ in spans]
-        + [row.created_at for row in refused]
-        + [row.created_at for row in accepted]
-        + [start + dt.timedelta(seconds=1)]
-    )
-    pad = (end - start) * 0.03
-    start, end = start - pad, end + pad
+    start, end, refused, accepted = _marks_and_axis(alias, keys, spans, now, shown)
     timeline = Timeline(
         key=f"{name}{SEMAPHORE_SUFFIX}",
         lock_id=slot_locks[0][1].pk,

@@ -178,17 +178,28 @@ def acquire(
             acquired = backend.acquire(key, holder, lease_seconds, delay, None)
         else:
             acquired = _wait_for_grant(backend, key, holder, lease_seconds, delay, wait, fair)
+    lease = _announce_grant(acquired, holder, time.monotonic() - started)
+    if reentrant:
+        _held_here()[(_alias(using), key)] = _Reentry(lease, _execution())
+    return lease
+
+
+def _announce_grant(acquired: Acquired, holder: str, waited: float, **fields: Any) -> Lease:
+    """Log a grant (``fields`` added to the line) and send its signals:
+    ``lock_expired`` first when it took over a lease that had run out, then
+    ``lock_acquired``. Returns the lease."""
     lease, taken_over = acquired
     if logger.isEnabledFor(logging.INFO):
         logger.info(
             "lock acquired %s",
-            LogFields(key=key, token=lease.token, holder=holder, expires_at=lease.expires_at.isoformat()),
+            LogFields(
+                key=lease.key, token=lease.token, holder=holder, **fields,
+                expires_at=lease.expires_at.isoformat(),
+            ),
         )
     if taken_over is not None:
-        signals.lock_expired.send(sender=Grant, key=key, **taken_over._asdict())
-    signals.lock_acquired.send(sender=Grant, grant=lease, waited=time.monotonic() - started)
-    if reentrant:
-        _held_here()[(_alias(using), key)] = _Reentry(lease, _execution())
+        signals.lock_expired.send(sender=Grant, key=lease.key, **taken_over._asdict())
+    signals.lock_acquired.send(sender=Grant, grant=lease, waited=waited)
     return lease
 
 
@@ -571,17 +582,8 @@ def acquire_many(
                 except LockHeld as held:
                     waiter.sleep(pace.pause(held, woken=waiter.woken_by_notify))
     waited = time.monotonic() - started
-    for lease, taken_over in granted:
-        logger.info(
-            "lock acquired %s",
-            LogFields(
-                key=lease.key, token=lease.token, holder=holder,
-                expires_at=lease.expires_at.isoformat(),
-            ),
-        )
-        if taken_over is not None:
-            signals.lock_expired.send(sender=Grant, key=lease.key, **taken_over._asdict())
-        signals.lock_acquired.send(sender=Grant, grant=lease, waited=waited)
+    for acquired in granted:
+        _announce_grant(acquired, holder, waited)
     return {lease.key: lease for lease, _ in granted}
 
 

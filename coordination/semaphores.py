@@ -23,19 +23,18 @@ permits are live or which tokens they carry.
 from __future__ import annotations
 
 import functools
-import logging
 import random
 import time
 
 from django.db.models import Q
 
-from . import signals
 from .backends import get_backend
 from .backends.base import Acquired, GrantPoint, refuse_in_caller_transaction
 from .conf import app_settings
 from .exceptions import InvalidInput, LockHeld
 from .leases import Lease
 from .locks import (
+    _announce_grant,
     _grant_point_call,
     _grant_timings,
     _Pace,
@@ -44,15 +43,12 @@ from .locks import (
     await_grant,
     database_now,
 )
-from .logfields import LogFields
-from .models import DatabaseNow, Grant, Lock, Ticket, validate_holder, validate_key
+from .models import DatabaseNow, Lock, Ticket, validate_holder, validate_key
 
 __all__ = [
     "MAX_PERMITS", "aacquire_permit", "acquire_permit", "permit_keys", "permit_queue",
     "permit_slot",
 ]
-
-logger = logging.getLogger("coordination.locks")
 
 MAX_PERMITS = 1000
 """The largest ``limit`` of a semaphore."""
@@ -134,25 +130,12 @@ def acquire_permit(
     started = time.monotonic()
     with _grant_point_call("acquire", queue, using):
         try:
-            lease, taken_over = _attempt(backend, name, keys, holder, lease_seconds, delay, None)
+            acquired = _attempt(backend, name, keys, holder, lease_seconds, delay, None)
         except LockHeld:
             if wait <= 0:
                 raise
-            lease, taken_over = _wait_for_permit(
-                backend, name, keys, holder, lease_seconds, delay, wait
-            )
-    if logger.isEnabledFor(logging.INFO):
-        logger.info(
-            "lock acquired %s",
-            LogFields(
-                key=lease.key, token=lease.token, holder=holder,
-                expires_at=lease.expires_at.isoformat(),
-            ),
-        )
-    if taken_over is not None:
-        signals.lock_expired.send(sender=Grant, key=lease.key, **taken_over._asdict())
-    signals.lock_acquired.send(sender=Grant, grant=lease, waited=time.monotonic() - started)
-    return lease
+            acquired = _wait_for_permit(backend, name, keys, holder, lease_seconds, delay, wait)
+    return _announce_grant(acquired, holder, time.monotonic() - started)
 
 
 def _wait_for_permit(

@@ -31,22 +31,16 @@ The grant point's side is :mod:`coordination.backends.shared`.
 from __future__ import annotations
 
 import functools
-import logging
 import time
 
-from . import signals
 from .backends import get_backend
 from .backends.shared import grant_shared
 from .exceptions import LockHeld
 from .leases import Lease
-from .locks import _grant_timings, _Pace, _release_quietly, _Waiter, await_grant
-from .logfields import LogFields
-from .models import Grant, validate_holder, validate_key
+from .locks import _announce_grant, _grant_timings, _Pace, _release_quietly, _Waiter, await_grant
+from .models import validate_holder, validate_key
 
 __all__ = ["aacquire_shared", "acquire_shared"]
-
-logger = logging.getLogger("coordination.locks")
-
 
 def acquire_shared(
     key: str,
@@ -90,7 +84,7 @@ def acquire_shared(
     started = time.monotonic()
     pace = _Pace(wait)
     try:
-        lease, taken_over = grant_shared(backend, key, holder, lease_seconds, delay)
+        acquired = grant_shared(backend, key, holder, lease_seconds, delay)
     except LockHeld:
         if wait <= 0:
             raise
@@ -98,25 +92,14 @@ def acquire_shared(
         with _Waiter(backend, key, holder, fair=fair, wait=wait) as waiter:
             while True:
                 try:
-                    lease, taken_over = grant_shared(
+                    acquired = grant_shared(
                         backend, key, holder, lease_seconds, delay, waiter.ticket
                     )
                     waiter.ticket = None  # consumed by the grant
                     break
                 except LockHeld as held:
                     waiter.sleep(pace.pause(held, woken=waiter.woken_by_notify))
-    if logger.isEnabledFor(logging.INFO):
-        logger.info(
-            "lock acquired %s",
-            LogFields(
-                key=key, token=lease.token, holder=holder, mode=lease.mode,
-                expires_at=lease.expires_at.isoformat(),
-            ),
-        )
-    if taken_over is not None:
-        signals.lock_expired.send(sender=Grant, key=key, **taken_over._asdict())
-    signals.lock_acquired.send(sender=Grant, grant=lease, waited=time.monotonic() - started)
-    return lease
+    return _announce_grant(acquired, holder, time.monotonic() - started, mode=acquired.lease.mode)
 
 
 async def aacquire_shared(

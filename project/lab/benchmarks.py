@@ -18,6 +18,7 @@ dicts so that the command can print, chart and dump them as JSON.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import multiprocessing
 import os
@@ -615,28 +616,21 @@ def cycle_suite(config: BenchConfig, vendor: str, progress: Callable[[str], None
     else:
         for name in ("raw_sql_floor", "floor_with_history", "pg_advisory"):
             skipped[name] = "PostgreSQL only; this run is on SQLite"
-    why_not = redis_available(config.redis_url)
-    if why_not is None:
-        url = config.redis_url
-        assert url is not None
-        systems["redis_lock"] = lambda hot: redis_client(url, hot)
-    else:
-        skipped["redis_lock"] = why_not
-    # The consensus services, optional: started by the caller (bin/bench-peers.sh).
-    why_not = etcd_available(config.etcd_url)
-    if why_not is None:
-        etcd_url = config.etcd_url
-        assert etcd_url is not None
-        systems["etcd"] = lambda hot: etcd_client(etcd_url, hot)
-    else:
-        skipped["etcd"] = why_not
-    why_not = zookeeper_available(config.zookeeper)
-    if why_not is None:
-        zookeeper = config.zookeeper
-        assert zookeeper is not None
-        systems["zookeeper"] = lambda hot: zookeeper_client(zookeeper, hot)
-    else:
-        skipped["zookeeper"] = why_not
+    # The peers on servers of their own, each optional; the consensus services
+    # are started by the caller (bin/bench-peers.sh).
+    peers: list[tuple[str, str | None, Callable[[str | None], str | None],
+                      Callable[[str, bool], ClientFactory]]] = [
+        ("redis_lock", config.redis_url, redis_available, redis_client),
+        ("etcd", config.etcd_url, etcd_available, etcd_client),
+        ("zookeeper", config.zookeeper, zookeeper_available, zookeeper_client),
+    ]
+    for name, address, why_not_for, client in peers:
+        why_not = why_not_for(address)
+        if why_not is not None:
+            skipped[name] = why_not
+            continue
+        assert address is not None
+        systems[name] = functools.partial(client, address)
     if config.systems is not None:
         chosen = {*config.systems, "raw_sql_floor", "floor_with_history"}
         systems = {name: make for name, make in systems.items() if name in chosen}
