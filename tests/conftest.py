@@ -19,6 +19,13 @@ Two marks say why a test does not run on every leg (see tests/support/legs.py):
   @pytest.mark.legs("pg", reason="...")  the test runs on the named legs only,
                                          for the reason given (e.g. a long run
                                          that gains nothing from repeating it)
+
+Without a legs mark a test runs on every leg, except in two directories
+(``DEFAULT_LEGS``): tests/unit/ skips the SQLite leg (no database, and the
+same Python and Django as the pg leg), and tests/concurrency/ skips the LTS
+leg (threads on row locks are the database's behaviour, not Django's; the
+async tests, whose code differs between Django versions, are marked to run
+there).
 """
 
 from __future__ import annotations
@@ -40,6 +47,10 @@ KINDS = ("unit", "db", "concurrency", "processes", "browser", "cluster")
 # Seconds a test may take (pytest-timeout, setup included) before it fails as
 # hung: several times the slowest test of each directory on a loaded 2-core
 # machine. A test that needs more says so with @pytest.mark.timeout(...).
+DEFAULT_LEGS = {
+    "unit": ("pg", "lts", "no database: the pg leg runs it on the same Python and Django"),
+    "concurrency": ("pg", "sqlite", "threads on row locks are the database's behaviour, not Django's"),
+}
 TIMEOUTS = {
     "unit": 60, "db": 120, "concurrency": 180, "processes": 600, "browser": 300, "cluster": 300,
 }
@@ -95,6 +106,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 )
             if leg not in wanted:
                 item.add_marker(pytest.mark.skip(reason=f"runs on the {'/'.join(wanted)} leg only: {reason}"))
+        elif kind in DEFAULT_LEGS and leg not in DEFAULT_LEGS[kind][:-1]:
+            *wanted, reason = DEFAULT_LEGS[kind]
+            item.add_marker(pytest.mark.skip(reason=f"runs on the {'/'.join(wanted)} leg only: {reason}"))
 
 
 @pytest.fixture

@@ -290,6 +290,10 @@ class FencingContract(RuleBasedStateMachine):
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.legs(
+    "pg", "sqlite",
+    reason="random histories check the grant point's decisions; the LTS leg runs the db tests of each call",
+)
 def test_the_python_api_follows_the_fencing_contract_model(grant_point: str) -> None:
     # 20 histories in all, shared between the backends this database has.
     examples = max(8, 20 // len(grant_points()))

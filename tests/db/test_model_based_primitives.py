@@ -229,6 +229,10 @@ class Primitives(RuleBasedStateMachine):
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.legs(
+    "pg", "sqlite",
+    reason="random histories check the grant point's decisions; the LTS leg runs the db tests of each call",
+)
 def test_the_primitives_follow_their_model(grant_point: str) -> None:
     examples = max(6, 12 // len(grant_points()))
     run_state_machine_as_test(
