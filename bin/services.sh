@@ -194,8 +194,15 @@ port = $COORDINATION_PG_PORT
 listen_addresses = '127.0.0.1'
 unix_socket_directories = '$sockdir'
 max_connections = 200
-fsync = on
 EOF
+    if [[ ${COORDINATION_PG_FAST:-0} == 1 ]]; then
+        # bin/test's server: its databases are made again by every run, so a
+        # commit need not wait for the disk (no test crashes this server; the
+        # chaos run restarts a server of its own). Benchmarks want it durable.
+        printf 'fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n' >>"$data/coordination.conf"
+    else
+        printf 'fsync = on\n' >>"$data/coordination.conf"
+    fi
     [[ $EUID -eq 0 ]] && chown -R "$_PG_OWNER": "$_PG_ROOT"
 
     info "PostgreSQL: starting on 127.0.0.1:$COORDINATION_PG_PORT (data $data, log $log)"
