@@ -198,16 +198,7 @@ class Worker:
         outcome, _ = self.perform("acquire", {"key": key, "mode": "shared"}, acquire)
         if outcome != "ok":
             return
-        grant = holder["grant"]
-        self.set_phase(HOLDING)
-        try:
-            time.sleep(self.rng.uniform(0.0, self.ttl * 0.3))
-            if self.rng.random() < 0.5:
-                self.renew(grant)
-            self.write_ledger(grant, pk)
-        finally:
-            self.set_phase(IDLE)
-        self.release(grant)
+        self.hold_then_write_ledger(holder["grant"], pk)
 
     def cycle_permit(self) -> None:
         """A permit of the run's semaphore; it writes the ledger of its slot."""
@@ -228,15 +219,20 @@ class Worker:
         if outcome != "ok":
             return
         permit = holder["grant"]
+        self.hold_then_write_ledger(permit, permit.key)
+
+    def hold_then_write_ledger(self, grant: Any, ledger: int | str) -> None:
+        """Hold ``grant`` a while (renewing it half the time), write ``ledger``
+        under it, release it: a reader's or a permit holder's cycle."""
         self.set_phase(HOLDING)
         try:
             time.sleep(self.rng.uniform(0.0, self.ttl * 0.3))
             if self.rng.random() < 0.5:
-                self.renew(permit)
-            self.write_ledger(permit, permit.key)
+                self.renew(grant)
+            self.write_ledger(grant, ledger)
         finally:
             self.set_phase(IDLE)
-        self.release(permit)
+        self.release(grant)
 
     def cycle_set(self) -> None:
         """Two keys at once (all or none), under a holder name of this set's own,
