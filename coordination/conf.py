@@ -17,11 +17,12 @@ Defaults (override any key in your settings)::
         "MAX_WAIT": 3600.0,         # seconds acquire(wait=...) may block
         "POLL_INTERVAL": 0.05,      # first back-off step while waiting, seconds
         "MAX_POLL_INTERVAL": 1.0,   # back-off ceiling while waiting, seconds
-        "PREPARED_STATEMENTS": None,   # PostgreSQL: prepare the grant point's two calls
-                                    # once per connection. None: as the connection
-                                    # does (OPTIONS "prepare_threshold" set); leave
-                                    # off behind transaction-pooling proxies that
-                                    # cannot keep prepared statements
+        "PREPARED_STATEMENTS": True,   # PostgreSQL: prepare the grant point's calls
+                                    # on their second use on a connection. None: as
+                                    # the connection does (OPTIONS
+                                    # "prepare_threshold"); False behind a
+                                    # transaction-pooling proxy that cannot keep
+                                    # prepared statements (PgBouncer before 1.21)
         "WAKE_UPS": True,           # PostgreSQL: waiters woken by LISTEN/NOTIFY on
                                     # release and revoke (SQLite always polls)
         "LOCK_DELAY": 0.0,          # seconds a lock stays ungrantable after a lease
@@ -76,7 +77,7 @@ DEFAULTS: dict[str, Any] = {
     "MAX_WAIT": 3600.0,
     "POLL_INTERVAL": 0.05,
     "MAX_POLL_INTERVAL": 1.0,
-    "PREPARED_STATEMENTS": None,
+    "PREPARED_STATEMENTS": True,
     "WAKE_UPS": True,
     "LOCK_DELAY": 0.0,
     "TICKET_TTL": 10.0,

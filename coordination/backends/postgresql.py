@@ -34,7 +34,7 @@ import time
 from collections.abc import Collection
 from contextlib import suppress
 from typing import Any
-from weakref import WeakKeyDictionary
+from weakref import WeakKeyDictionary, WeakSet
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, ProgrammingError, models, transaction
@@ -355,6 +355,12 @@ INSUFFICIENT_PRIVILEGE = "42501"
 # it created the key's row: nothing was granted (the call rolled back).
 FLOOR_EXHAUSTED = "CF001"
 UNDEFINED_FUNCTION = "42883"
+# A prepared statement the server does not have (26000), or has under the same
+# name (42P05): what a transaction-pooling proxy that cannot keep prepared
+# statements leads to. Connections that met one prepare nothing more.
+_LOST_PREPARED = ("26000", "42P05")
+_UNPREPARED: WeakSet[Any] = WeakSet()
+IDLE = 0  # psycopg.pq.TransactionStatus.IDLE: no transaction open
 LISTEN = f"LISTEN {WAKE_UP_CHANNEL}"
 
 
@@ -486,13 +492,23 @@ class PostgreSQLOrmGrantPoint(OrmGrantPoint):
     def execute(self, template: str, params: dict[str, object] | tuple[object, ...]) -> Any:
         """Run one of this module's statements and return its first row (or None).
 
-        The one executor of the grant point's SQL. Prepared once per connection
-        (saving the parse and plan of the call; the functions' own plans are
-        cached either way) when ``COORDINATION["PREPARED_STATEMENTS"]`` is True,
-        or when it is None (the default) and the connection prepares its own
-        statements (Django's ``OPTIONS["prepare_threshold"]``). Django leaves
-        preparation off by default for transaction-pooling proxies that cannot
-        keep prepared statements.
+        The one executor of the grant point's SQL. With
+        ``COORDINATION["PREPARED_STATEMENTS"]`` True (the default) a statement is
+        prepared on its second execution on a connection, and from then on the
+        server neither parses nor plans it again: the parse and plan of a
+        function call cost the server about as much as the call's own work (a
+        short-lived connection that runs each statement once prepares nothing,
+        and pays no extra round trip). None prepares as the connection does
+        (Django's ``OPTIONS["prepare_threshold"]``), False never.
+
+        A transaction-pooling proxy that cannot keep prepared statements
+        (PgBouncer before 1.21 in transaction mode, or with
+        ``max_prepared_statements = 0``) answers that a prepared statement does
+        not exist, or already exists: the statement was then not run (the error
+        comes before it executes), so outside a transaction it is run again
+        unprepared; the connection prepares nothing more, and a warning says
+        to set the setting to False. Inside a caller's transaction the error
+        aborts that transaction and is raised.
         """
         connection = self.connection
         sql = format_sql(template, connection)
@@ -502,15 +518,37 @@ class PostgreSQLOrmGrantPoint(OrmGrantPoint):
             prepare = app_settings.PREPARED_STATEMENTS
             if prepare is None:
                 prepare = raw.prepare_threshold is not None
-            if not prepare:
+            if not prepare or raw in _UNPREPARED:
                 cursor.execute(sql, params, prepare=False)
                 return cursor.fetchone()
-            threshold, raw.prepare_threshold = raw.prepare_threshold, 0
             try:
-                cursor.execute(sql, params, prepare=True)
-            finally:
-                raw.prepare_threshold = threshold
+                self._execute_preparing(cursor, sql, params)
+            except Exception as error:
+                # Outside a transaction the refused statement left the session idle.
+                if _sqlstate(error) not in _LOST_PREPARED or raw.info.transaction_status != IDLE:
+                    raise
+                _UNPREPARED.add(raw)
+                logger.warning(
+                    "the server lost the grant point's prepared statement (%s): a "
+                    "transaction-pooling proxy? This connection prepares no more; set "
+                    "COORDINATION['PREPARED_STATEMENTS'] = False for database %r",
+                    error, self.alias,
+                )
+                cursor.execute(sql, params, prepare=False)
             return cursor.fetchone()
+
+    @staticmethod
+    def _execute_preparing(cursor: Any, sql: str, params: Any) -> None:
+        """Execute, preparing the statement from its second execution on this
+        connection (psycopg counts executions per statement while the
+        connection's threshold is set; every other statement of the connection
+        keeps the connection's own threshold)."""
+        raw = cursor.connection
+        threshold, raw.prepare_threshold = raw.prepare_threshold, 1
+        try:
+            cursor.execute(sql, params)
+        finally:
+            raw.prepare_threshold = threshold
 
     def _cursor(self, connection: BaseDatabaseWrapper) -> Any:
         """A psycopg cursor of the connection's own (server-side binding, unlike

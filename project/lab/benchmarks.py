@@ -297,11 +297,17 @@ def _percentile_ms(ordered: list[float], fraction: float) -> float | None:
 _client_scopes: list[Any] = []
 
 
-def locks_client(hot: bool, *, prepared: bool = False, grant_point: str | None = None) -> ClientFactory:
+def locks_client(hot: bool, *, prepared: bool | None = None, grant_point: str | None = None) -> ClientFactory:
+    """``locks.acquire`` + ``locks.release``; ``prepared`` overrides
+    ``COORDINATION["PREPARED_STATEMENTS"]`` (None: the app's default)."""
+    overrides: dict[str, Any] = {"GRANT_POINT": grant_point}
+    if prepared is not None:
+        overrides["PREPARED_STATEMENTS"] = prepared
+
     def make(index: int) -> Operation:
         # In the forked client only, for the rest of its life (the reference
         # keeps the override from being closed when the generator is collected).
-        scope = bench_settings(BENCH_ALIAS, PREPARED_STATEMENTS=prepared, GRANT_POINT=grant_point)
+        scope = bench_settings(BENCH_ALIAS, **overrides)
         scope.__enter__()
         _client_scopes.append(scope)
         keys = ["bench-hot"] if hot else [f"bench-{index}-{n}" for n in range(64)]
@@ -588,7 +594,7 @@ SYSTEM_GIVES: dict[str, dict[str, str]] = {
     "raw_sql_floor": {"token": "yes", "durable": "yes", "note": "baseline; no history"},
     "floor_with_history": {"token": "yes", "durable": "yes", "note": "baseline; grant rows"},
     "locks": {"token": "yes, fenced", "durable": "yes", "note": "grant history"},
-    "locks_prepared": {"token": "yes, fenced", "durable": "yes", "note": "grant history"},
+    "locks_unprepared": {"token": "yes, fenced", "durable": "yes", "note": "grant history"},
     "locks_orm": {"token": "yes, fenced", "durable": "yes", "note": "grant history"},
     "pg_advisory": {"token": "no", "durable": "no", "note": "held by the session"},
     "redis_lock": {"token": "no", "durable": "no", "note": "in memory, async persistence"},
@@ -609,7 +615,7 @@ def cycle_suite(config: BenchConfig, vendor: str, progress: Callable[[str], None
             "raw_sql_floor": floor_client,
             "floor_with_history": lambda hot: floor_client(hot, history=True),
             **systems,
-            "locks_prepared": lambda hot: locks_client(hot, prepared=True),
+            "locks_unprepared": lambda hot: locks_client(hot, prepared=False),
             "locks_orm": lambda hot: locks_client(hot, grant_point="orm"),
             "pg_advisory": advisory_client,
         }

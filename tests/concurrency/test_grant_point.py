@@ -98,15 +98,7 @@ def _prepared_calls() -> set[str]:
         return {row[0] for row in cursor.fetchall() if "coordination_" in row[0]}
 
 
-@pytest.mark.parametrize(
-    ("setting", "threshold", "prepared"),
-    [(None, None, False), (None, 5, True), (True, None, True), (False, 5, False)],
-)
-def test_the_grant_points_calls_are_prepared_as_configured(
-    settings: object, setting: bool | None, threshold: int | None, prepared: bool
-) -> None:
-    # None follows the connection (Django leaves preparation off unless
-    # OPTIONS["prepare_threshold"] is set); a proxy may not keep them.
+def _fresh_connection(settings: object, setting: bool | None, threshold: int | None = None) -> None:
     settings.COORDINATION = {  # type: ignore[attr-defined]
         **settings.COORDINATION, "PREPARED_STATEMENTS": setting,  # type: ignore[attr-defined]
     }
@@ -114,9 +106,66 @@ def test_the_grant_points_calls_are_prepared_as_configured(
     connection.ensure_connection()
     connection.connection.prepare_threshold = threshold
     assert get_backend().name == "postgresql"  # the default: functions
+
+
+@pytest.mark.parametrize(
+    ("setting", "threshold", "prepared"),
+    [(True, None, True), (None, None, False), (None, 5, True), (False, 5, False)],
+)
+def test_the_grant_points_calls_are_prepared_on_their_second_use_as_configured(
+    settings: object, setting: bool | None, threshold: int | None, prepared: bool
+) -> None:
+    # True (the default) prepares whatever the connection does; None follows the
+    # connection (Django leaves preparation off unless OPTIONS["prepare_threshold"]
+    # is set); False never. A connection that runs each call once prepares nothing.
+    _fresh_connection(settings, setting, threshold)
     try:
         locks.release(locks.acquire("prep", holder="A", ttl=30))
+        assert _prepared_calls() == set()
+        locks.release(locks.acquire("prep", holder="A", ttl=30))
         calls = _prepared_calls()
+        # The connection's own statements keep the connection's threshold.
+        assert connection.connection.prepare_threshold == threshold
     finally:
         connection.close()
     assert (len(calls) == 2) is prepared, calls
+
+
+def test_a_proxy_that_loses_prepared_statements_costs_no_grant_and_ends_preparing(
+    settings: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A transaction-pooling proxy sends the next statement to a server session that
+    # never saw the prepare: here the server forgets them behind psycopg's back.
+    _fresh_connection(settings, True)
+    try:
+        for _ in range(2):
+            locks.release(locks.acquire("pooled", holder="A", ttl=30))
+        assert len(_prepared_calls()) == 2
+        connection.connection.pgconn.exec_(b"DEALLOCATE ALL")
+        with caplog.at_level("WARNING", logger="coordination.locks"):
+            grant = locks.acquire("pooled", holder="B", ttl=30)
+            locks.release(grant)
+        assert grant.token == 3
+        assert Grant.objects.of(grant).get().end_reason == GrantEnd.RELEASED
+        assert "PREPARED_STATEMENTS" in caplog.text
+        for _ in range(3):
+            locks.release(locks.acquire("pooled", holder="C", ttl=30))
+        assert _prepared_calls() == set()
+    finally:
+        connection.close()
+
+
+def test_a_proxy_session_holding_the_same_statement_name_costs_no_grant(settings: object) -> None:
+    # Another client's statement under the name psycopg picks for ours (42P05).
+    _fresh_connection(settings, True)
+    try:
+        connection.connection.pgconn.exec_(b"PREPARE _pg3_0 AS SELECT 1")
+        tokens = []
+        for _ in range(3):
+            grant = locks.acquire("named", holder="A", ttl=30)
+            tokens.append(grant.token)
+            locks.release(grant)
+        assert tokens == [1, 2, 3]
+        assert _prepared_calls() == set()
+    finally:
+        connection.close()
