@@ -284,6 +284,17 @@ READ_FLOOR = "COALESCE((SELECT f.token FROM {floor} AS f WHERE f.id = 1), 0)"
 # Where the schema has no floor table yet (migrations 0006 and 0007).
 NO_FLOOR = "0"
 
+# Release does not wait for its WAL flush (synchronous_commit off for its own
+# transaction, and only when that transaction has written nothing before it: a
+# release is never called inside a caller's transaction, and a raw call inside
+# one keeps that transaction durable). Losing a release can only leave a lock
+# held longer: if the server crashes before the release reaches the disk, the
+# lease is live again after recovery and runs to its expiry (the next acquire
+# closes its grant as expired). No token, grant or watermark depends on a
+# release being durable, and a grant that found the lock released commits after
+# the release in the WAL, so flushing that grant flushes the release first. A
+# renew stays durable: losing one would shorten a lease its holder believes in.
+#
 # Release matches the lease by key, token and lease hash, after the row lock
 # is held. The grant row's expires_at (moved together with the lock's by renew)
 # says whether the lease ran out first. Waiters are notified only if one said
@@ -301,6 +312,9 @@ CREATE OR REPLACE FUNCTION coordination_release(
 DECLARE
     v_wake_until timestamptz;
 BEGIN
+    IF txid_current_if_assigned() IS NULL THEN
+        PERFORM set_config('synchronous_commit', 'off', true);
+    END IF;
     UPDATE {lock} AS l SET holder = '', lease_hash = '', acquired_at = NULL,
         expires_at = NULL,
         delay_until = CASE WHEN l.expires_at <= clock_timestamp()
