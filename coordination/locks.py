@@ -46,6 +46,8 @@ from concurrent.futures import Future
 from contextlib import asynccontextmanager, contextmanager, suppress
 from typing import Any, ParamSpec, TypeVar
 
+from django.db import InterfaceError, InternalError, OperationalError, connections
+
 from . import aio, signals
 from .backends import get_backend
 from .backends.base import Acquired, GrantPoint, Listener
@@ -415,8 +417,6 @@ def _grant_point_call(action: str, key: str, using: str | None) -> Iterator[None
     """Turn a lost database connection into ``GrantPointUnavailable`` (outcome
     unknown) and close the connection, so the next call connects again: with a
     multi-host URL, to whichever server accepts writes now (a new primary)."""
-    from django.db import InterfaceError, InternalError, OperationalError, connections
-
     try:
         yield
     except (OperationalError, InterfaceError, InternalError) as error:  # 25P03 is an InternalError
