@@ -169,6 +169,11 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
 CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND") or None
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
+# Celery's Django fixup closes every database connection around every task
+# (CONN_MAX_AGE is not consulted); with CELERY_DB_REUSE_MAX=N a worker keeps its
+# connections for N tasks. Unset: a new connection (a new server process) per task.
+if os.environ.get("CELERY_DB_REUSE_MAX"):
+    CELERY_DB_REUSE_MAX = int(os.environ["CELERY_DB_REUSE_MAX"])
 
 # --- REST framework ---------------------------------------------------------
 # No REST_FRAMEWORK or SPECTACULAR_SETTINGS here: the coordination API sets its

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import heapq
 import inspect
 import logging
 import os
@@ -161,10 +162,12 @@ class KeepAlive:
     until ``t + ttl``. The first deadline comes from a read of the database
     clock half way to the first renewal (a sixth of ``ttl`` after the start),
     which also opens the thread's connection well before that renewal is due;
-    a body that ends sooner (most task bodies) costs no connection at all.
-    Each renewal is due a third of ``ttl`` after the previous one *started*,
-    so a slow or late renewal moves the next one earlier instead of letting
-    the delays add up.
+    a body that ends sooner (most task bodies) costs no connection and no
+    thread at all: until then the keep-alive only waits in the process's one
+    shared starter thread, which starts the keep-alive's own thread at that
+    point if :meth:`stop` has not been called. Each renewal is due a third of
+    ``ttl`` after the previous one *started*, so a slow or late renewal moves
+    the next one earlier instead of letting the delays add up.
 
     Failures. ``LeaseLost`` from ``renew()`` (the lease expired by the
     database's clock, was revoked or taken over) is final: ``renew()`` has
@@ -205,9 +208,15 @@ class KeepAlive:
         self._thread = threading.Thread(
             target=self._run, name=f"coordination-keepalive-{grant.key}#{grant.token}", daemon=True
         )
+        # Orders the starter's start of the thread against stop(): a keep-alive
+        # stopped first never starts its thread; one started first is joined.
+        self._start_lock = threading.Lock()
+        self._started = False
 
     def start(self) -> KeepAlive:
-        self._thread.start()
+        """Schedule the keep-alive; its own thread starts half way to the first
+        renewal (see the class's schedule), from the process's starter thread."""
+        _starter().schedule(self, time.monotonic() + self.interval / 2)
         return self
 
     def stop(self) -> None:
@@ -217,15 +226,40 @@ class KeepAlive:
         exit: after ``ttl`` the lease is over anyway, and a renewal that lands
         after the release fails harmlessly.
         """
-        self._stopping.set()
+        with self._start_lock:
+            self._stopping.set()
+            started = self._started
+        if not started:
+            _starter().forget()
+            return
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(max(self.ttl, 1.0))
+
+    def _start_thread(self) -> None:
+        """Called by the starter thread once the first renewal draws near: start
+        renewing unless stop() came first. A thread that cannot be started
+        (the process is out of threads) leaves the lease unrenewed: the grant
+        is marked lost at once, so the body's later fenced writes are refused."""
+        with self._start_lock:
+            if self._stopping.is_set():
+                return
+            try:
+                self._thread.start()
+            except Exception as error:
+                self._stopping.set()
+                failed: BaseException | None = error
+            else:
+                self._started = True
+                failed = None
+        if failed is not None:
+            self._lose(failed)
 
     def _run(self) -> None:
         try:
             # Opening a connection costs a new server process, several times a
-            # grant: only a body still running half way to the first renewal pays it.
-            if self._stopping.wait(self.interval / 2):
+            # grant: only a body still running half way to the first renewal
+            # pays it (the starter thread starts this one at that point).
+            if self._stopping.is_set():
                 return
             self._learn_deadline()
             next_due = self._deadline - self.ttl + self.interval
@@ -305,6 +339,87 @@ class KeepAlive:
             LogFields(key=self.grant.key, token=self.grant.token, error=error),
         )
         signals.lock_lost.send(sender=Grant, grant=self.grant, error=error)
+
+
+class _Starter:
+    """The process's one thread that starts keep-alive threads when they are due.
+
+    Most task bodies end long before their lease needs its first renewal; a
+    thread of their own would cost them its start and join on every execution
+    (about 0.3 ms on an idle machine, several on a loaded one), in the task's
+    own latency. Scheduled keep-alives wait here instead, in a heap by due
+    time, and only those still running at their due time get a thread. A
+    stopped keep-alive stays in the heap until its due time (it is skipped
+    then) unless enough of them pile up to rebuild the heap without them.
+    """
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self._wake = threading.Condition(threading.Lock())
+        self._due: list[tuple[float, int, KeepAlive]] = []
+        self._count = 0
+        self._forgotten = 0
+        self._thread = threading.Thread(
+            target=self._run, name="coordination-keepalive-starter", daemon=True
+        )
+        self._thread.start()
+
+    def schedule(self, keeper: KeepAlive, due: float) -> None:
+        with self._wake:
+            self._count += 1
+            heapq.heappush(self._due, (due, self._count, keeper))
+            if self._due[0][2] is keeper:
+                self._wake.notify()
+
+    def forget(self) -> None:
+        """A scheduled keep-alive was stopped before its thread started."""
+        with self._wake:
+            self._forgotten += 1
+            if self._forgotten > 64 and 2 * self._forgotten > len(self._due):
+                self._due = [entry for entry in self._due if not entry[2]._stopping.is_set()]
+                heapq.heapify(self._due)
+                self._forgotten = 0
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._due or self._due[0][0] > time.monotonic():
+                    self._wake.wait(self._due[0][0] - time.monotonic() if self._due else None)
+                _due, _count, keeper = heapq.heappop(self._due)
+                if keeper._stopping.is_set():
+                    self._forgotten = max(0, self._forgotten - 1)
+                    continue
+            try:
+                keeper._start_thread()
+            except Exception:  # never let one keep-alive stop the starter
+                logger.exception("keep-alive could not be started")
+
+
+_starter_lock = threading.Lock()
+_the_starter: _Starter | None = None
+
+
+def _starter() -> _Starter:
+    """This process's starter thread, made on first use (again in a forked child,
+    which inherits the object but not the thread)."""
+    global _the_starter
+    starter = _the_starter
+    if starter is not None and starter.pid == os.getpid():
+        return starter
+    with _starter_lock:
+        if _the_starter is None or _the_starter.pid != os.getpid():
+            _the_starter = _Starter()
+        return _the_starter
+
+
+def _forget_starter_in_child() -> None:
+    # A child forked while another thread held the lock would wait on it forever.
+    global _the_starter, _starter_lock
+    _the_starter = None
+    _starter_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_starter_in_child)
 
 
 class _ExecutionOptions(TypedDict, total=False):

@@ -1076,14 +1076,25 @@ def celery_suite(config: BenchConfig, alias: str, progress: Callable[[str], None
     if fenced_model() is None:
         return {"skipped": "no FencedModel to write (project.demo is not installed)"}
     why_not = redis_available(config.redis_url)
-    end_to_end = (
-        {"skipped": why_not} if why_not else celery_worker_suite(config, alias, progress)
-    )
-    return {"end_to_end": end_to_end, "in_process": celery_apply_suite(config, alias, progress)}
+    if why_not:
+        end_to_end: dict[str, Any] = {"skipped": why_not}
+        persistent: dict[str, Any] = {"skipped": why_not}
+    else:
+        end_to_end = celery_worker_suite(config, alias, progress)
+        persistent = celery_worker_suite(config, alias, progress, reuse_connections=True)
+    return {
+        "end_to_end": end_to_end,
+        "end_to_end_persistent": persistent,
+        "in_process": celery_apply_suite(config, alias, progress),
+    }
 
 
 def celery_worker_suite(
-    config: BenchConfig, alias: str, progress: Callable[[str], None]
+    config: BenchConfig,
+    alias: str,
+    progress: Callable[[str], None],
+    *,
+    reuse_connections: bool = False,
 ) -> dict[str, Any]:
     """Fenced and unfenced tasks through Redis and one real ``celery worker`` (solo pool).
 
@@ -1092,6 +1103,14 @@ def celery_worker_suite(
     variant per round: ``celery_rounds // 20`` tasks one at a time (latency, send
     to completion after the task returned) then a burst of twice as many
     (throughput, first send to last completion). The worker is killed on every exit.
+
+    Connections: by default the worker runs as Celery's Django fixup makes it,
+    closing every connection around every task, so each task opens a new one
+    (a new PostgreSQL server process, whose first call of the grant point's
+    functions also loads and plans them: the fenced task pays that too). With
+    ``reuse_connections`` the worker keeps its connection (``CELERY_DB_REUSE_MAX``),
+    as a worker behind a pool or with connection reuse does: what fencing
+    itself adds to a task.
     """
     import json
     import subprocess
@@ -1119,13 +1138,19 @@ def celery_worker_suite(
         bench_tasks.REPORT_ENV: url,
     }
     env.pop("CELERY_RESULT_BACKEND", None)
+    env.pop("CELERY_DB_REUSE_MAX", None)
+    if reuse_connections:
+        env["CELERY_DB_REUSE_MAX"] = "1000000"
     producer = Celery("coordination-bench", broker=url, set_as_current=False)
     producer.conf.task_serializer = "json"
     # Closed (and so deleted) in the finally below, after the worker is gone.
     log = tempfile.NamedTemporaryFile(  # noqa: SIM115
         prefix="coordination-bench-worker-", suffix=".log"
     )
-    progress("celery tasks through Redis and a worker, fenced and unfenced")
+    progress(
+        "celery tasks through Redis and a worker, fenced and unfenced, "
+        + ("connections kept" if reuse_connections else "a new connection per task")
+    )
     def stop(signum: int, frame: Any) -> None:
         raise SystemExit(128 + signum)  # runs the finally below, which stops the worker
 
@@ -1210,7 +1235,8 @@ def celery_worker_suite(
         with contextlib.suppress(Exception):
             producer.close()
     result: dict[str, Any] = {
-        "how": "Redis broker, one celery worker (solo pool); the same lock key and row for all",
+        "how": "Redis broker, one celery worker (solo pool); the same lock key and row for all; "
+        + ("connection kept across tasks" if reuse_connections else "a new connection per task"),
     }
     for name, values in latency.items():
         values.sort()
@@ -1414,10 +1440,13 @@ def table(results: dict[str, Any]) -> str:
             lines.append(f"celery: skipped ({celery['skipped']})")
         else:
             lines.append("celery task, fenced against the same task writing with update()")
-            worker = celery["end_to_end"]
-            if "skipped" in worker:
-                lines.append(f"through a worker: skipped ({worker['skipped']})")
-            else:
+            for part in ("end_to_end", "end_to_end_persistent"):
+                worker = celery.get(part)
+                if worker is None:
+                    continue
+                if "skipped" in worker:
+                    lines.append(f"through a worker: skipped ({worker['skipped']})")
+                    continue
                 lines.append(
                     f"through a worker ({worker['how']}): "
                     f"fenced {_rate(worker['fenced']['tasks_per_s'])} tasks/s, "

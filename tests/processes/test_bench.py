@@ -85,14 +85,15 @@ def test_quick_bench_writes_json_table_and_chart(tmp_path: Path) -> None:
         assert 0 <= row["grants_per_thread_min"] <= row["grants_per_thread_max"]
         assert row["grants_per_thread_max"] >= 1
     celery = results["celery"]
-    assert set(celery) == {"end_to_end", "in_process"}
+    assert set(celery) == {"end_to_end", "end_to_end_persistent", "in_process"}
     assert celery["in_process"]["fenced"]["tasks"] > 0 and celery["in_process"]["fenced_over_unfenced"] > 0
-    worker = celery["end_to_end"]
-    if os.environ.get("COORDINATION_TEST_REDIS_URL"):  # CI provides Redis: the worker ran
-        for variant in ("fenced", "unfenced"):
-            assert worker[variant]["tasks"] > 0 and worker[variant]["tasks_per_s"] > 0
-        assert worker["fenced_over_unfenced"] > 0 and worker["fenced_over_unfenced_throughput"] > 0
-    else:
-        assert "skipped" in worker or worker["fenced"]["tasks"] > 0
+    for part in ("end_to_end", "end_to_end_persistent"):
+        worker = celery[part]
+        if os.environ.get("COORDINATION_TEST_REDIS_URL"):  # CI provides Redis: the worker ran
+            for variant in ("fenced", "unfenced"):
+                assert worker[variant]["tasks"] > 0 and worker[variant]["tasks_per_s"] > 0
+            assert worker["fenced_over_unfenced"] > 0 and worker["fenced_over_unfenced_throughput"] > 0
+        else:
+            assert "skipped" in worker or worker["fenced"]["tasks"] > 0
     assert "acquire + release cycles, many keys" in done.stdout
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

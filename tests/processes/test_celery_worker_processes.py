@@ -209,6 +209,42 @@ def test_keepalive_holds_its_lease_across_more_than_two_ttls(
     assert balance(account) == Decimal("105.00")
 
 
+def test_keepalive_thread_starts_only_for_a_body_still_running_when_its_renewal_nears(
+    workers: dict[str, Worker], broker: RedisBroker, tmp_path: Path
+) -> None:
+    """A short body costs no thread (the keep-alive waits in the process's starter
+    thread); a body still running a sixth of the ttl in gets its own keep-alive
+    thread, which is gone once the task has ended; both leases are released."""
+    worker = workers["solo"]
+    report = tmp_path / "events.jsonl"
+    name = unique("short")
+
+    def threads_of(name: str, timeout: float = 30) -> dict[str, Any]:
+        return wait_for_event(
+            report, lambda e: e["event"] == "threads" and e["name"] == name,
+            timeout=timeout, workers=[worker],
+        )
+
+    send(tasks.keepalive_threads, worker.queue, broker, name, kwargs={"report": str(report)})
+    short = threads_of(name)
+    # The ttl is 30 s: the keep-alive's thread is due 5 s after the acquire, and
+    # the body looked at once.
+    assert short["own"] not in short["at_start"], short
+    long_name = unique("long")
+    send(tasks.keepalive_threads, worker.queue, broker, long_name,
+         kwargs={"report": str(report), "until_kept_alive": True})
+    long = threads_of(long_name, timeout=90)
+    assert long["own"] not in long["at_start"], long
+    assert long["own"] in long["later"], long  # started while the body still ran
+    assert "coordination-keepalive-starter" in long["later"], long
+    after = unique("after")
+    send(tasks.keepalive_threads, worker.queue, broker, after, kwargs={"report": str(report)})
+    assert long["own"] not in threads_of(after)["at_start"]  # stopped and joined at the end
+    for key, token in ((f"threads:{name}", short["token"]), (f"threads:{long_name}", long["token"])):
+        wait_until_free(key)
+        assert Grant.objects.get(lock__key=key, token=token).end_reason == GrantEnd.RELEASED
+
+
 def test_keepalive_marks_the_grant_lost_after_a_pause_past_its_lease_and_later_writes_fail(
     workers: dict[str, Worker], broker: RedisBroker, tmp_path: Path
 ) -> None:

@@ -201,6 +201,26 @@ def capped_export_plain_lease(
     return _capped(self, name, counter, peak, report, pause_once, hold)
 
 
+def keepalive_thread_names() -> list[str]:
+    return sorted(t.name for t in threading.enumerate() if t.name.startswith("coordination-keepalive"))
+
+
+@fenced_task(lock="threads:{name}", ttl=30.0, bind=True)
+def keepalive_threads(self: Any, name: str, *, report: str, until_kept_alive: bool = False) -> None:
+    """Reports this process's keep-alive threads at the body's start and, with
+    ``until_kept_alive``, once this execution's own keep-alive thread runs (its
+    start is due a sixth of the 30 s ttl after the acquire)."""
+    own = f"coordination-keepalive-{self.grant.key}#{self.grant.token}"
+    at_start = keepalive_thread_names()
+    later = None
+    if until_kept_alive:
+        deadline = time.monotonic() + 60
+        while own not in keepalive_thread_names() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        later = keepalive_thread_names()
+    record(report, "threads", name=name, token=self.grant.token, own=own, at_start=at_start, later=later)
+
+
 @shared_task(bind=True)
 def current_grant_of_process(self: Any, *, report: str) -> None:
     """A plain task: sees no grant, even right after a fenced task on the same process."""
