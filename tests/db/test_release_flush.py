@@ -8,6 +8,8 @@ wrote nothing before it: a caller's transaction stays durable."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 from django.db import connection, transaction
 
@@ -17,6 +19,17 @@ from coordination.backends.postgresql import ACQUIRE, RELEASE
 from coordination.models import MAX_TOKEN, Lock, hash_lease_id
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
+
+
+@pytest.fixture(autouse=True)
+def durable_session() -> Iterator[None]:
+    """The session waits for the disk, as a production server does (the suite's
+    own server may commit without waiting: bin/test's COORDINATION_PG_FAST)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SET synchronous_commit = on")
+    yield
+    with connection.cursor() as cursor:
+        cursor.execute("RESET synchronous_commit")
 
 
 def _release_in_a_transaction(key: str, *, write_first: bool) -> tuple[bool, str]:
