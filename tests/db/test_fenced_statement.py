@@ -17,6 +17,7 @@ from django.test.utils import CaptureQueriesContext
 
 from coordination import fencing, locks
 from coordination.exceptions import DuplicateWrite, StaleToken, WrongLock
+from coordination.leases import Lease
 from coordination.models import Rejection, RejectionReason
 from project.demo.models import Account
 from tests.support.factories import AccountFactory
@@ -53,6 +54,15 @@ def row(account: Account) -> tuple[int, int, Decimal, str]:
     return stored.fence, stored.fence_step, stored.balance, stored.owner
 
 
+def superseded_account() -> tuple[Account, Lease, Lease]:
+    """An account whose lock was granted twice: the released first grant and the live one."""
+    account = AccountFactory(balance=1)
+    key = f"account:{account.pk}"
+    old = locks.acquire(key, holder="old", ttl=30)
+    locks.release(old)
+    return account, old, locks.acquire(key, holder="new", ttl=30)
+
+
 def test_a_write_filtered_by_its_own_key_is_one_update_with_the_watermark_condition(
     compiled: list[int | str | None],
 ) -> None:
@@ -73,11 +83,7 @@ def test_a_write_filtered_by_its_own_key_is_one_update_with_the_watermark_condit
 def test_stale_token_and_duplicate_step_are_refused_through_the_compiled_statement(
     compiled: list[int | str | None],
 ) -> None:
-    account = AccountFactory(balance=1)
-    key = f"account:{account.pk}"
-    old = locks.acquire(key, holder="old", ttl=30)
-    locks.release(old)
-    new = locks.acquire(key, holder="new", ttl=30)
+    account, old, new = superseded_account()
     Account.objects.filter(pk=account.pk).fenced_update(new, step=5, balance=5)
 
     with pytest.raises(StaleToken):
@@ -153,11 +159,7 @@ def test_each_lock_key_binding_has_its_own_statement(
 def test_expressions_and_nulls_go_through_update_and_stay_fenced(
     compiled: list[int | str | None],
 ) -> None:
-    account = AccountFactory(balance=1)
-    key = f"account:{account.pk}"
-    old = locks.acquire(key, holder="old", ttl=30)
-    locks.release(old)
-    grant = locks.acquire(key, holder="new", ttl=30)
+    account, old, grant = superseded_account()
 
     Account.objects.filter(pk=account.pk).fenced_update(grant, balance=F("balance") + 10)
     with pytest.raises(StaleToken):
