@@ -4,7 +4,7 @@
 #
 #   bin/cluster.sh start          start etcd and the three nodes; wait until one
 #                                 leader and two streaming replicas; print the URL
-#   bin/cluster.sh start-node N   start node N's Patroni again (after a kill)
+#   bin/cluster.sh start-node N   start node N's Patroni again after a kill (nothing if it runs)
 #   bin/cluster.sh status         the members as Patroni sees them
 #   bin/cluster.sh url            the multi-host URL the app connects with
 #   bin/cluster.sh mode sync|async   synchronous_mode (strict) on or off
@@ -182,8 +182,26 @@ EOF
     chmod 755 "$dir/post_bootstrap.sh"
 }
 
-start_node() { # start_node N
-    local n=$1 dir="$ROOT/node$1" venv
+# node_pids N: the processes running node N's Patroni (runuser's and its own),
+# found by the configuration file on their command line: a pid file can name a
+# runuser that a KILL took away from its child, or a start that came later.
+node_pids() {
+    local file pid
+    for file in $(grep -laF -- "$ROOT/node$1/patroni.yml" /proc/[0-9]*/cmdline 2>/dev/null); do
+        pid=${file#/proc/}
+        pid=${pid%/cmdline}
+        # grep matched its own command line too; it has exited by now.
+        [[ $pid != "$$" ]] && kill -0 "$pid" 2>/dev/null && echo "$pid"
+    done
+    return 0
+}
+
+start_node() { # start_node N: nothing if node N's Patroni is running already
+    local n=$1 dir="$ROOT/node$1" venv i
+    if [[ -n $(node_pids "$n") ]]; then
+        info "node$n: Patroni is running already"
+        return 0
+    fi
     venv=$(venv_dir)
     [[ -x $venv/bin/patroni ]] || die "Patroni not found in $venv: bin/test creates it (requirements/ha.txt)"
     [[ -x $PG_BIN/initdb ]] || die "PostgreSQL 15 not found in $PG_BIN: apt-get install postgresql-15"
@@ -194,8 +212,16 @@ start_node() { # start_node N
     local run=("$venv/bin/patroni" "$dir/patroni.yml")
     [[ $EUID -eq 0 ]] && run=(runuser -u postgres -- "${run[@]}")
     # patroni.pid: the process itself (runuser as root), written by it.
+    rm -f "$dir/patroni.pid"
     (cd / && setsid sh -c 'echo $$ >"$1"; shift; exec "$@"' sh "$dir/patroni.pid" "${run[@]}" \
         </dev/null >>"$dir/patroni.log" 2>&1 &)
+    # Return once the pid file names the new process, so that a stop coming
+    # right after this start finds it.
+    for ((i = 0; i < 100; i++)); do
+        [[ -s $dir/patroni.pid ]] && return 0
+        sleep 0.05
+    done
+    die "node$n: Patroni did not start (log $dir/patroni.log)"
 }
 
 # The cluster as Patroni sees it: one "name role state lag" line per member.
@@ -274,6 +300,23 @@ cmd_mode() { # sync | async
     die "no node accepted the configuration change"
 }
 
+stop_pids() { # stop_pids "PID...": TERM, up to 10 s, then KILL
+    local pids=$1 pid i
+    [[ -n $pids ]] || return 0
+    # shellcheck disable=SC2086  # a list of numbers
+    kill -TERM $pids 2>/dev/null || true
+    for ((i = 0; i < 50; i++)); do
+        for pid in $pids; do
+            kill -0 "$pid" 2>/dev/null && break
+            pid=
+        done
+        [[ -z $pid ]] && return 0
+        sleep 0.2
+    done
+    # shellcheck disable=SC2086
+    kill -KILL $pids 2>/dev/null || true
+}
+
 cmd_stop() {
     local n pid i
     for n in "${NODES[@]}"; do
@@ -287,6 +330,9 @@ cmd_stop() {
             sleep 0.2
         done
         [[ -n $pid ]] && kill -KILL "$pid" 2>/dev/null || true
+        # Whatever still runs the node's Patroni: a runuser's child the KILL
+        # left behind, or a Patroni started twice.
+        stop_pids "$(node_pids "$n")"
         # A node whose Patroni was killed leaves its PostgreSQL running.
         if [[ -f $ROOT/node$n/data/postmaster.pid ]]; then
             as_owner "$PG_BIN/pg_ctl" -D "$ROOT/node$n/data" -m immediate -w -t 30 -s stop \
