@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.apps import apps
-from django.db import connections, models, transaction
+from django.db import DatabaseError, connections, models, transaction
 
 from coordination import locks, watermarks
 from coordination.backends import postgresql
@@ -816,28 +816,41 @@ def scale_suite(
     for alias, (size, grants) in sizes.items():
         progress(f"scale: loading {size} lock rows, {grants} grant rows")
         loaded[alias] = _load_scale_rows(alias, size, grants)
-    # Each size twice: durable as the grant point always is, and with the
-    # session's synchronous_commit off, which leaves out the wait for the WAL
-    # flush (a grant is then not durable: a measurement only). Where the commit
-    # dominates a cycle it hides what the table sizes change; without it, the
-    # index and buffer-cache work shows.
-    series = [(alias, durable) for durable in (True, False) for alias in sizes]
-    latencies: dict[tuple[str, bool], list[float]] = {entry: [] for entry in series}
+    # Each size two or three ways: durable as the grant point always is; with
+    # the session's synchronous_commit off, which leaves out the wait for the
+    # WAL flush (a grant is then not durable: a measurement only), so that the
+    # index and buffer-cache work shows where the commit would hide it; and,
+    # where the bench's role may set it, durable with wal_compression on, which
+    # shrinks the full-page images that random keys among many rows cost.
+    compression = _settable_wal_compression(small_alias)
+    modes = [DURABLE, NO_FLUSH_WAIT] + ([WAL_COMPRESSION] if compression else [])
+    series = [(alias, mode) for mode in modes for alias in sizes]
+    latencies: dict[tuple[str, str], list[float]] = {entry: [] for entry in series}
     # WAL written per series (the bench's client is the server's only writer
     # when the database is private to it; otherwise an upper bound).
-    wal_bytes: dict[tuple[str, bool], int] = dict.fromkeys(series, 0)
-    rngs = {entry: random.Random(sizes[entry[0]][0]) for entry in series}
+    wal_bytes: dict[tuple[str, str], int] = dict.fromkeys(series, 0)
+    # Each series its own keys: a series drawing the same keys as another would
+    # find the pages that one just wrote already logged in full since the last
+    # checkpoint, and write a fraction of the WAL it would write alone.
+    rngs = {(alias, mode): random.Random(f"{sizes[alias][0]}-{mode}") for alias, mode in series}
     block = max(1, min(50, config.scale_samples // 10))
     progress(f"scale: {config.scale_samples} cycles each, alternating blocks of {block}")
     while len(latencies[series[-1]]) < config.scale_samples:
-        for alias, durable in series:
+        for alias, mode in series:
             size = sizes[alias][0]
             with bench_settings(alias, RECORD_WRITES=False):
                 with connections[alias].cursor() as cursor:
-                    cursor.execute(f"SET synchronous_commit = {'on' if durable else 'off'}")
+                    cursor.execute(
+                        f"SET synchronous_commit = {'off' if mode == NO_FLUSH_WAIT else 'on'}"
+                    )
+                    if compression:
+                        cursor.execute(
+                            "SELECT set_config('wal_compression', %s, false)",
+                            [compression if mode == WAL_COMPRESSION else "off"],
+                        )
                     cursor.execute("SELECT pg_current_wal_insert_lsn()")
                     wal_before = cursor.fetchone()[0]
-                values, rng = latencies[alias, durable], rngs[alias, durable]
+                values, rng = latencies[alias, mode], rngs[alias, mode]
                 for _ in range(block):
                     key = f"scale-{rng.randint(1, size)}"
                     began = time.perf_counter()
@@ -848,24 +861,30 @@ def scale_suite(
                     cursor.execute(
                         "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), %s)", [wal_before]
                     )
-                    wal_bytes[alias, durable] += int(cursor.fetchone()[0])
+                    wal_bytes[alias, mode] += int(cursor.fetchone()[0])
     for alias in sizes:
         with connections[alias].cursor() as cursor:
             cursor.execute("RESET synchronous_commit")
+            if compression:
+                cursor.execute("RESET wal_compression")
     result: dict[str, Any] = {
         "how": "two schemas side by side, alternating blocks of cycles on random existing keys",
     }
-    for durable in (True, False):
+    if not compression:
+        result[WAL_COMPRESSION] = {
+            "skipped": "the bench's role may not set wal_compression (superuser, or GRANT SET)"
+        }
+    for mode in modes:
         measured: list[dict[str, Any]] = []
         for alias in sizes:
-            values = sorted(latencies[alias, durable])
+            values = sorted(latencies[alias, mode])
             measured.append({
                 **loaded[alias],
                 "cycles": len(values),
                 "p50_ms": _percentile_ms(values, 0.5),
                 "p99_ms": _percentile_ms(values, 0.99),
                 "mean_ms": round(statistics.fmean(values) * 1000, 4),
-                "wal_bytes_per_cycle": round(wal_bytes[alias, durable] / max(1, len(values))),
+                "wal_bytes_per_cycle": round(wal_bytes[alias, mode] / max(1, len(values))),
             })
         small, large = measured
         ratios = {
@@ -873,11 +892,35 @@ def scale_suite(
             "large_over_small_p99": round(large["p99_ms"] / small["p99_ms"], 3),
             "large_over_small_mean": round(large["mean_ms"] / small["mean_ms"], 3),
         }
-        if durable:
+        if mode == DURABLE:
             result.update(runs=measured, **ratios)
+        elif mode == WAL_COMPRESSION:
+            result[mode] = {"method": compression, "runs": measured, **ratios}
         else:
-            result["no_flush_wait"] = {"runs": measured, **ratios}
+            result[mode] = {"runs": measured, **ratios}
     return result
+
+
+DURABLE, NO_FLUSH_WAIT, WAL_COMPRESSION = "durable", "no_flush_wait", "wal_compression"
+
+
+def _settable_wal_compression(alias: str) -> str | None:
+    """The best ``wal_compression`` method this session may set, or None.
+
+    ``lz4`` where the server was built with it, else ``pglz`` (``on``). Setting
+    it needs a superuser or ``GRANT SET ON PARAMETER``; a role without either
+    gets None, and the series is skipped with that reason.
+    """
+    with connections[alias].cursor() as cursor:
+        for method in ("lz4", "pglz"):
+            try:
+                with transaction.atomic(using=alias):
+                    cursor.execute("SELECT set_config('wal_compression', %s, false)", [method])
+            except DatabaseError:
+                continue
+            cursor.execute("RESET wal_compression")
+            return method
+    return None
 
 
 def _load_scale_rows(alias: str, size: int, grants: int) -> dict[str, Any]:
@@ -1398,10 +1441,19 @@ def table(results: dict[str, Any]) -> str:
                 f"large / small: p50 {scale['large_over_small_p50']:.2f}, "
                 f"p99 {scale['large_over_small_p99']:.2f}, mean {scale['large_over_small_mean']:.2f}"
             )
-            unflushed = scale.get("no_flush_wait")
-            if unflushed:
-                lines.append("the same with synchronous_commit off (no wait for the WAL flush):")
-                for row in unflushed["runs"]:
+            variants = {
+                NO_FLUSH_WAIT: "the same with synchronous_commit off (no wait for the WAL flush):",
+                WAL_COMPRESSION: "durable, with wal_compression = {method}:",
+            }
+            for mode, title in variants.items():
+                variant = scale.get(mode)
+                if not variant:
+                    continue
+                if "skipped" in variant:
+                    lines.append(f"{mode}: skipped ({variant['skipped']})")
+                    continue
+                lines.append(title.format(method=variant.get("method")))
+                for row in variant["runs"]:
                     lines.append(
                         f"{row['lock_rows']:>10} locks {row['grant_rows']:>10} grants  "
                         f"p50 {_ms(row['p50_ms'])} ms  p99 {_ms(row['p99_ms'])} ms  "
@@ -1409,9 +1461,9 @@ def table(results: dict[str, Any]) -> str:
                         f"({row.get('wal_bytes_per_cycle', '?')} WAL bytes a cycle)"
                     )
                 lines.append(
-                    f"large / small: p50 {unflushed['large_over_small_p50']:.2f}, "
-                    f"p99 {unflushed['large_over_small_p99']:.2f}, "
-                    f"mean {unflushed['large_over_small_mean']:.2f}"
+                    f"large / small: p50 {variant['large_over_small_p50']:.2f}, "
+                    f"p99 {variant['large_over_small_p99']:.2f}, "
+                    f"mean {variant['large_over_small_mean']:.2f}"
                 )
     wakeup = results.get("wakeup")
     if wakeup:

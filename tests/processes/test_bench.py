@@ -74,6 +74,13 @@ def test_quick_bench_writes_json_table_and_chart(tmp_path: Path) -> None:
         assert small["lock_rows"] < large["lock_rows"] and large["grant_rows"] > 0
         assert small["cycles"] == large["cycles"] > 0  # side by side, the same count each
         assert results["scale"]["large_over_small_p99"] > 0
+        assert results["scale"]["no_flush_wait"]["runs"][1]["cycles"] == large["cycles"]
+        # Run where the role may set wal_compression (a superuser, as the test
+        # server's is), else skipped with the reason; never silently missing.
+        compressed = results["scale"]["wal_compression"]
+        if "skipped" not in compressed:
+            assert compressed["method"] in ("lz4", "pglz")
+            assert compressed["runs"][1]["cycles"] == large["cycles"]
     else:
         assert "skipped" in results["scale"]
     assert ("notify" in results["wakeup"]) is postgres and results["wakeup"]["polling"]["samples"]
