@@ -146,7 +146,10 @@ _pg_isready() {
 
 # _pg_choose_root: sets _PG_ROOT (holds data/, the socket and the log), _PG_OWNER.
 _pg_choose_root() {
+    # One data directory per port: a server on another port (a second run of
+    # this checkout alongside the first) must not find the first's lock file.
     _PG_ROOT="$REPO_ROOT/var/pg"
+    [[ $COORDINATION_PG_PORT == 54329 ]] || _PG_ROOT+="-$COORDINATION_PG_PORT"
     _PG_OWNER=$(id -un)
     if [[ $EUID -ne 0 ]]; then
         mkdir -p "$_PG_ROOT"
@@ -168,7 +171,7 @@ _pg_choose_root() {
     _PG_ROOT=$(mktemp -d "${TMPDIR:-/tmp}/coordination-pg.XXXXXX")
     chmod 755 "$_PG_ROOT"
     chown postgres:postgres "$_PG_ROOT"
-    info "PostgreSQL: postgres cannot use $REPO_ROOT/var/pg; using $_PG_ROOT"
+    info "PostgreSQL: postgres cannot use $REPO_ROOT/var; using $_PG_ROOT"
 }
 
 _pg_start_new() {
@@ -180,7 +183,7 @@ _pg_start_new() {
             >"$_PG_ROOT/initdb.log" 2>&1 ||
             { cat "$_PG_ROOT/initdb.log" >&2; die "initdb failed (log: $_PG_ROOT/initdb.log)"; }
         printf "\ninclude_if_exists = 'coordination.conf'\n" >>"$data/postgresql.conf"
-        if [[ $_PG_ROOT == "$REPO_ROOT/var/pg" ]]; then
+        if [[ $_PG_ROOT == "$REPO_ROOT"/var/pg* ]]; then
             echo persistent >"$data/$_SVC_MARKER"
         else
             echo ephemeral >"$data/$_SVC_MARKER"
