@@ -75,6 +75,8 @@ def test_quick_bench_writes_json_table_and_chart(tmp_path: Path) -> None:
         assert small["cycles"] == large["cycles"] > 0  # side by side, the same count each
         assert results["scale"]["large_over_small_p99"] > 0
         assert results["scale"]["no_flush_wait"]["runs"][1]["cycles"] == large["cycles"]
+        assert isinstance(results["scale"]["checkpoint_after_load"], bool)
+        assert results["scale"]["shared_buffers"]
         # Run where the role may set wal_compression (a superuser, as the test
         # server's is), else skipped with the reason; never silently missing.
         compressed = results["scale"]["wal_compression"]
@@ -104,3 +106,43 @@ def test_quick_bench_writes_json_table_and_chart(tmp_path: Path) -> None:
             assert "skipped" in worker or worker["fenced"]["tasks"] > 0
     assert "acquire + release cycles, many keys" in done.stdout
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.postgres
+@pytest.mark.legs("pg", reason="the row-count runs are PostgreSQL only")
+def test_sigterm_during_the_load_cancels_it_and_drops_the_schemas() -> None:
+    """A bench stopped while it loads rows cancels the load on the server and
+    drops its schemas; before, SIGTERM left both schemas (and the load running)."""
+    bench = subprocess.Popen(
+        [sys.executable, str(settings.BASE_DIR / "manage.py"), "coordination_bench",
+         "--only", "scale", "--scale-locks", "10,100000000", "--scale-grants", "100000000"],
+        env={**os.environ, "DATABASE_URL": database_url()},
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        assert bench.stderr is not None
+        for line in bench.stderr:  # the progress lines
+            if "loading 100000000 lock rows" in line:
+                break
+        else:
+            pytest.fail(f"the bench never started the large load (exit {bench.wait()})")
+        schemas = f"coordination_bench_{bench.pid}_%"
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_namespace WHERE nspname LIKE %s", [schemas])
+            assert cursor.fetchone()[0] == 2  # both exist while it loads
+        bench.terminate()
+        _, rest = bench.communicate(timeout=60)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait()
+    assert bench.returncode == 1 and "interrupted" in rest, rest[-2000:]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_namespace WHERE nspname LIKE %s", [schemas])
+        assert cursor.fetchone()[0] == 0
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND pid <> pg_backend_pid() AND query LIKE %s AND state = 'active'",
+            ["%generate_series%"],
+        )
+        assert cursor.fetchone()[0] == 0  # the load was cancelled, not left running

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 from django.test import override_settings
 
@@ -79,6 +80,21 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        # SIGTERM as Ctrl-C: psycopg then cancels the statement running on the
+        # server (a 10^7-row load, say) instead of leaving it to hold its locks,
+        # and the finally blocks drop the bench's schemas and stop its worker.
+        def interrupt(signum: int, frame: Any) -> None:
+            raise KeyboardInterrupt
+
+        previous = signal.signal(signal.SIGTERM, interrupt)
+        try:
+            self._run(options)
+        except KeyboardInterrupt:
+            raise CommandError("interrupted; the bench's schemas were dropped") from None
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    def _run(self, options: dict[str, Any]) -> None:
         config = self._config(options)
         parts = set(
             options["only"] or ["cycles", "fenced", "scale", "wakeup", "fairness", "celery"]
