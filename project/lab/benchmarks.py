@@ -816,6 +816,12 @@ def scale_suite(
     for alias, (size, grants) in sizes.items():
         progress(f"scale: loading {size} lock rows, {grants} grant rows")
         loaded[alias] = _load_scale_rows(alias, size, grants)
+    # The load leaves up to shared_buffers of dirty pages; a checkpoint writing
+    # them out during the cycles would fall on the disk the commits wait for.
+    # Write them now (a superuser or pg_checkpoint may), so that what is
+    # measured is the cycles, from a checkpoint on, as a server running for a
+    # while is between two of them.
+    checkpointed = _checkpoint(large_alias, progress)
     # Each size two or three ways: durable as the grant point always is; with
     # the session's synchronous_commit off, which leaves out the wait for the
     # WAL flush (a grant is then not durable: a measurement only), so that the
@@ -867,8 +873,13 @@ def scale_suite(
             cursor.execute("RESET synchronous_commit")
             if compression:
                 cursor.execute("RESET wal_compression")
+    with connections[small_alias].cursor() as cursor:
+        cursor.execute("SHOW shared_buffers")
+        shared_buffers = cursor.fetchone()[0]
     result: dict[str, Any] = {
         "how": "two schemas side by side, alternating blocks of cycles on random existing keys",
+        "checkpoint_after_load": checkpointed,
+        "shared_buffers": shared_buffers,
     }
     if not compression:
         result[WAL_COMPRESSION] = {
@@ -902,6 +913,18 @@ def scale_suite(
 
 
 DURABLE, NO_FLUSH_WAIT, WAL_COMPRESSION = "durable", "no_flush_wait", "wal_compression"
+
+
+def _checkpoint(alias: str, progress: Callable[[str], None]) -> bool:
+    """Run ``CHECKPOINT`` (outside a transaction, as it must) if this role may; whether it ran."""
+    progress("scale: checkpoint after the load")
+    try:
+        with connections[alias].cursor() as cursor:
+            cursor.execute("CHECKPOINT")
+    except DatabaseError as error:
+        progress(f"scale: no checkpoint ({error}); the load's dirty pages may be written meanwhile")
+        return False
+    return True
 
 
 def _settable_wal_compression(alias: str) -> str | None:
@@ -1429,7 +1452,11 @@ def table(results: dict[str, Any]) -> str:
         if "skipped" in scale:
             lines.append(f"row-count runs: skipped ({scale['skipped']})")
         else:
-            lines.append("acquire + release latency on existing keys, by table size, side by side")
+            lines.append(
+                "acquire + release latency on existing keys, by table size, side by side "
+                f"(shared_buffers {scale.get('shared_buffers', '?')}, checkpoint after the load: "
+                f"{'yes' if scale.get('checkpoint_after_load') else 'no'})"
+            )
             for row in scale["runs"]:
                 lines.append(
                     f"{row['lock_rows']:>10} locks {row['grant_rows']:>10} grants  "
