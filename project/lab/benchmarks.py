@@ -150,6 +150,7 @@ def bench_database(
         watermarks.install_for_models(connections[alias], bench_models())
         if vendor == "postgresql":
             postgresql.install_for_models(connections[alias])
+            postgresql.leave_room_for_updates(connections[alias], Lock)
             with connections[alias].cursor() as cursor:
                 cursor.execute(
                     "CREATE TABLE floor_lock (key text PRIMARY KEY, token bigint NOT NULL DEFAULT 0,"
