@@ -17,7 +17,8 @@
 # reused rather than fought over. COORDINATION_KEEP_SERVICES=1 leaves the
 # servers running after exit (faster re-runs).
 #
-# Ports: COORDINATION_PG_PORT (54329), COORDINATION_REDIS_PORT (63799).
+# Ports: COORDINATION_PG_PORT (54329; another port keeps its data in
+# var/pg-<port>), COORDINATION_REDIS_PORT (63799).
 
 # shellcheck source=bin/_bootstrap.sh
 source "$(dirname "${BASH_SOURCE[0]}")/_bootstrap.sh"

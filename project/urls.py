@@ -1,13 +1,17 @@
-"""Site URLs: the admin, the app's API and its Prometheus metrics."""
+"""Site URLs: the dashboard as the front page, the admin, the app's API and its
+Prometheus metrics."""
 
 from django.contrib import admin
 from django.urls import include, path
+from django.views.generic import RedirectView
 
 from coordination.metrics import metrics_view
 
 from .login_throttle import admin_login
 
 urlpatterns = [
+    # The address bin/run prints: the dashboard (the admin asks for a login first).
+    path("", RedirectView.as_view(pattern_name="admin:coordination_dashboard"), name="home"),
     # Before the admin's own URLs: its login, throttled after repeated failures.
     path("admin/login/", admin_login, name="admin-login"),
     path("admin/", admin.site.urls),
