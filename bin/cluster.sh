@@ -300,17 +300,17 @@ cmd_mode() { # sync | async
     die "no node accepted the configuration change"
 }
 
-stop_pids() { # stop_pids "PID...": TERM, up to 10 s, then KILL
-    local pids=$1 pid i
-    [[ -n $pids ]] || return 0
+stop_pids() { # stop_pids "PID..." [SECONDS]: TERM, wait up to SECONDS (20), then KILL
+    local pids=$1 steps=$((${2:-20} * 5)) pid i alive
+    [[ -n ${pids// /} ]] || return 0
     # shellcheck disable=SC2086  # a list of numbers
     kill -TERM $pids 2>/dev/null || true
-    for ((i = 0; i < 50; i++)); do
+    for ((i = 0; i < steps; i++)); do
+        alive=0
         for pid in $pids; do
-            kill -0 "$pid" 2>/dev/null && break
-            pid=
+            kill -0 "$pid" 2>/dev/null && alive=1
         done
-        [[ -z $pid ]] && return 0
+        ((alive)) || return 0
         sleep 0.2
     done
     # shellcheck disable=SC2086
@@ -318,35 +318,22 @@ stop_pids() { # stop_pids "PID...": TERM, up to 10 s, then KILL
 }
 
 cmd_stop() {
-    local n pid i
+    local n pids=""
+    # Every node's Patroni at once (each stops its PostgreSQL): the process its
+    # pid file names and whatever else runs the node's configuration (a
+    # runuser's child that a KILL left behind, a Patroni started twice).
     for n in "${NODES[@]}"; do
-        pid=$(cat "$ROOT/node$n/patroni.pid" 2>/dev/null || true)
-        [[ -n $pid ]] && kill -TERM "$pid" 2>/dev/null || true
+        pids+=" $(cat "$ROOT/node$n/patroni.pid" 2>/dev/null || true) $(node_pids "$n")"
     done
+    stop_pids "$pids"
     for n in "${NODES[@]}"; do
-        pid=$(cat "$ROOT/node$n/patroni.pid" 2>/dev/null || true)
-        for ((i = 0; i < 100; i++)); do
-            [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null || break
-            sleep 0.2
-        done
-        [[ -n $pid ]] && kill -KILL "$pid" 2>/dev/null || true
-        # Whatever still runs the node's Patroni: a runuser's child the KILL
-        # left behind, or a Patroni started twice.
-        stop_pids "$(node_pids "$n")"
         # A node whose Patroni was killed leaves its PostgreSQL running.
         if [[ -f $ROOT/node$n/data/postmaster.pid ]]; then
             as_owner "$PG_BIN/pg_ctl" -D "$ROOT/node$n/data" -m immediate -w -t 30 -s stop \
                 >/dev/null 2>&1 || true
         fi
     done
-    pid=$(cat "$ROOT/etcd.pid" 2>/dev/null || true)
-    if [[ -n $pid ]]; then
-        kill -TERM "$pid" 2>/dev/null || true
-        for ((i = 0; i < 50; i++)); do
-            kill -0 "$pid" 2>/dev/null || break
-            sleep 0.1
-        done
-    fi
+    stop_pids "$(cat "$ROOT/etcd.pid" 2>/dev/null || true)" 5
     [[ $ROOT == "${TMPDIR:-/tmp}"/coordination-ha-* ]] && rm -rf -- "$ROOT"
     info "cluster stopped"
 }
