@@ -45,6 +45,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DatabaseError, IntegrityError, connections, models, router, transaction
 from django.db.models import F, Q, Value
 from django.db.models.expressions import Col, Expression
+from django.db.models.functions import Cast, Concat
 from django.db.models.lookups import Exact, IntegerFieldExact
 from django.db.models.sql.where import AND, WhereNode
 
@@ -85,6 +86,8 @@ __all__ = [
     "afence",
     "fence",
     "idempotent",
+    "lock_key_expression",
+    "lock_key_of",
     "raise_fence_to_lock",
     "record_rejection",
 ]
@@ -610,14 +613,43 @@ class FencedModel(models.Model):
 
 def lock_binding(model: type[models.Model], key: str) -> dict[str, str] | None:
     """The field lookups of the rows that lock ``key`` guards, or None if it guards none."""
+    match = _template_pattern(_fence_lock(model)).fullmatch(key)
+    return None if match is None else match.groupdict()
+
+
+def lock_key_expression(model: type[models.Model]) -> Expression:
+    """The lock key guarding each row of ``model``, computed by the database.
+
+    ``fence_lock = "account:{pk}"`` gives ``'account:' || CAST(id AS text)``,
+    so rows can be filtered by key (the admin's access rules) in the query.
+    """
+    parts: list[Expression] = []
+    template, position = _fence_lock(model), 0
+    for placeholder in _PLACEHOLDER.finditer(template):
+        if placeholder.start() > position:
+            parts.append(Value(template[position : placeholder.start()]))
+        parts.append(Cast(placeholder.group(1), models.CharField()))
+        position = placeholder.end()
+    if position < len(template):
+        parts.append(Value(template[position:]))
+    if len(parts) == 1:
+        return parts[0]
+    return Concat(*parts, output_field=models.CharField())
+
+
+def lock_key_of(row: models.Model) -> str:
+    """The lock key guarding ``row`` (its model's ``fence_lock`` filled in)."""
+    return _PLACEHOLDER.sub(lambda name: str(getattr(row, name.group(1))), _fence_lock(type(row)))
+
+
+def _fence_lock(model: type[models.Model]) -> str:
     template = getattr(model, "fence_lock", None)
     if not isinstance(template, str):
         raise CoordinationError(
             f"{model._meta.label} must declare fence_lock, e.g. "
             f'fence_lock = "{model._meta.model_name}:{{pk}}"'
         )
-    match = _template_pattern(template).fullmatch(key)
-    return None if match is None else match.groupdict()
+    return template
 
 
 @cache
