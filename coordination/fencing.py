@@ -673,6 +673,7 @@ Grants = Lease | Mapping[str, Lease] | Iterable[Lease]
 def fence(  # type: ignore[overload-overlap]  # a str is also a Sequence[str]
     resource: str, grant: Grants | None = None, *, step: int | None = None,
     using: str | None = None, idle_timeout: float | None = None,
+    key_check: Callable[[str], None] | None = None,
 ) -> AbstractContextManager[Fence]: ...
 
 
@@ -684,6 +685,7 @@ def fence(
     step: int | None = None,
     using: str | None = None,
     idle_timeout: float | None = None,
+    key_check: Callable[[str], None] | None = None,
 ) -> AbstractContextManager[list[Fence]]: ...
 
 
@@ -694,6 +696,7 @@ def fence(
     step: int | None = None,
     using: str | None = None,
     idle_timeout: float | None = None,
+    key_check: Callable[[str], None] | None = None,
 ) -> AbstractContextManager[Any]:
     """Guard a side effect with the named Fence row(s), inside one transaction.
 
@@ -732,6 +735,13 @@ def fence(
     above the longest pause a live holder makes inside the block (a call to
     another service, say). SQLite has no such bound: a paused writer there
     holds the database's write lock.
+
+    ``key_check(lock_key)`` runs for each Fence row once it is locked, before
+    its watermark is compared: whatever it raises is raised, the transaction
+    rolls back (a row created on first use with it) and no rejection is
+    recorded. The REST API refuses there a row guarded by a key outside the
+    writer's access rules, so that neither the key nor its watermark reaches
+    the writer, however the writer raced the row's first write.
     """
     names = [resource] if isinstance(resource, str) else sorted(set(resource))
     if not names:
@@ -740,7 +750,7 @@ def fence(
         validate_key(name, what="resource")
     return _fenced_block(
         names, grant, step, using or app_settings.DATABASE, isinstance(resource, str),
-        idle_timeout=_idle_bound(idle_timeout),
+        idle_timeout=_idle_bound(idle_timeout), key_check=key_check,
     )
 
 
@@ -810,6 +820,7 @@ def _fenced_block(
     steps: dict[int, int] | None = None,
     *,
     idle_timeout: float | None = None,
+    key_check: Callable[[str], None] | None = None,
 ) -> Iterator[Any]:
     leases = _resolve_grants(grant)
     by_key = {lease.key: lease for lease in leases}
@@ -827,6 +838,10 @@ def _fenced_block(
         if idle_timeout is not None:
             _set_idle_timeout(alias, idle_timeout)
         rows = _locked_fences(names, _new_fence_keys(names, by_key), alias)
+        if key_check is not None:
+            # Under the row lock: the key read here is the one the write would meet.
+            for row in rows:
+                key_check(row.lock_key)
         for row in rows:
             guarding = by_key.get(row.lock_key)
             if guarding is None:
