@@ -246,3 +246,12 @@ def test_a_readable_account_is_read_only_without_the_write_rule(tenants: Any) ->
     client.post(reverse("admin:demo_account_change", args=[account.pk]),
                 {"owner": "renamed", "balance": "99.00"})
     assert Account.objects.get(pk=account.pk).owner == "tenant-a-owner"
+
+
+def test_metrics_are_refused_to_a_user_limited_by_rules(tenants: Any, admin_client: Client) -> None:
+    """Counts over every key, process counters that cannot be split by key: not theirs."""
+    client, _ = tenants
+    refused = client.get("/metrics")
+    assert refused.status_code == 403 and b"coordination_" not in refused.content
+    assert not traces(refused)
+    assert admin_client.get("/metrics").status_code == 200  # not limited by rules
