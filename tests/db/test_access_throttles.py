@@ -44,7 +44,7 @@ def log_in(username: str, password: str, address: str = "10.0.0.1", **headers: s
 
 # Each logs in as "ops2" through the login form (NFKC), and each got a count of its own.
 COMPATIBILITY_FORMS = [
-    "\uff4f\uff50\uff53\uff12",  # fullwidth ｏｐｓ２
+    "\uff4f\uff50\uff53\uff12",  # fullwidth letters and digit
     "ops\u00b2",  # superscript two
     "ops\u2082",  # subscript two
     "\U0001d428\U0001d429\U0001d42c\U0001d7d0",  # mathematical bold
