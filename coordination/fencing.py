@@ -45,6 +45,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DatabaseError, IntegrityError, connections, models, router, transaction
 from django.db.models import F, Q, Value
 from django.db.models.expressions import Col, Expression
+from django.db.models.functions import Cast, Concat
 from django.db.models.lookups import Exact, IntegerFieldExact
 from django.db.models.sql.where import AND, WhereNode
 
@@ -85,6 +86,8 @@ __all__ = [
     "afence",
     "fence",
     "idempotent",
+    "lock_key_expression",
+    "lock_key_of",
     "raise_fence_to_lock",
     "record_rejection",
 ]
@@ -610,14 +613,43 @@ class FencedModel(models.Model):
 
 def lock_binding(model: type[models.Model], key: str) -> dict[str, str] | None:
     """The field lookups of the rows that lock ``key`` guards, or None if it guards none."""
+    match = _template_pattern(_fence_lock(model)).fullmatch(key)
+    return None if match is None else match.groupdict()
+
+
+def lock_key_expression(model: type[models.Model]) -> Expression:
+    """The lock key guarding each row of ``model``, computed by the database.
+
+    ``fence_lock = "account:{pk}"`` gives ``'account:' || CAST(id AS text)``,
+    so rows can be filtered by key (the admin's access rules) in the query.
+    """
+    parts: list[Expression] = []
+    template, position = _fence_lock(model), 0
+    for placeholder in _PLACEHOLDER.finditer(template):
+        if placeholder.start() > position:
+            parts.append(Value(template[position : placeholder.start()]))
+        parts.append(Cast(placeholder.group(1), models.CharField()))
+        position = placeholder.end()
+    if position < len(template):
+        parts.append(Value(template[position:]))
+    if len(parts) == 1:
+        return parts[0]
+    return Concat(*parts, output_field=models.CharField())
+
+
+def lock_key_of(row: models.Model) -> str:
+    """The lock key guarding ``row`` (its model's ``fence_lock`` filled in)."""
+    return _PLACEHOLDER.sub(lambda name: str(getattr(row, name.group(1))), _fence_lock(type(row)))
+
+
+def _fence_lock(model: type[models.Model]) -> str:
     template = getattr(model, "fence_lock", None)
     if not isinstance(template, str):
         raise CoordinationError(
             f"{model._meta.label} must declare fence_lock, e.g. "
             f'fence_lock = "{model._meta.model_name}:{{pk}}"'
         )
-    match = _template_pattern(template).fullmatch(key)
-    return None if match is None else match.groupdict()
+    return template
 
 
 @cache
@@ -641,6 +673,7 @@ Grants = Lease | Mapping[str, Lease] | Iterable[Lease]
 def fence(  # type: ignore[overload-overlap]  # a str is also a Sequence[str]
     resource: str, grant: Grants | None = None, *, step: int | None = None,
     using: str | None = None, idle_timeout: float | None = None,
+    key_check: Callable[[str], None] | None = None,
 ) -> AbstractContextManager[Fence]: ...
 
 
@@ -652,6 +685,7 @@ def fence(
     step: int | None = None,
     using: str | None = None,
     idle_timeout: float | None = None,
+    key_check: Callable[[str], None] | None = None,
 ) -> AbstractContextManager[list[Fence]]: ...
 
 
@@ -662,6 +696,7 @@ def fence(
     step: int | None = None,
     using: str | None = None,
     idle_timeout: float | None = None,
+    key_check: Callable[[str], None] | None = None,
 ) -> AbstractContextManager[Any]:
     """Guard a side effect with the named Fence row(s), inside one transaction.
 
@@ -700,6 +735,13 @@ def fence(
     above the longest pause a live holder makes inside the block (a call to
     another service, say). SQLite has no such bound: a paused writer there
     holds the database's write lock.
+
+    ``key_check(lock_key)`` runs for each Fence row once it is locked, before
+    its watermark is compared: whatever it raises is raised, the transaction
+    rolls back (a row created on first use with it) and no rejection is
+    recorded. The REST API refuses there a row guarded by a key outside the
+    writer's access rules, so that neither the key nor its watermark reaches
+    the writer, however the writer raced the row's first write.
     """
     names = [resource] if isinstance(resource, str) else sorted(set(resource))
     if not names:
@@ -708,7 +750,7 @@ def fence(
         validate_key(name, what="resource")
     return _fenced_block(
         names, grant, step, using or app_settings.DATABASE, isinstance(resource, str),
-        idle_timeout=_idle_bound(idle_timeout),
+        idle_timeout=_idle_bound(idle_timeout), key_check=key_check,
     )
 
 
@@ -778,6 +820,7 @@ def _fenced_block(
     steps: dict[int, int] | None = None,
     *,
     idle_timeout: float | None = None,
+    key_check: Callable[[str], None] | None = None,
 ) -> Iterator[Any]:
     leases = _resolve_grants(grant)
     by_key = {lease.key: lease for lease in leases}
@@ -795,6 +838,10 @@ def _fenced_block(
         if idle_timeout is not None:
             _set_idle_timeout(alias, idle_timeout)
         rows = _locked_fences(names, _new_fence_keys(names, by_key), alias)
+        if key_check is not None:
+            # Under the row lock: the key read here is the one the write would meet.
+            for row in rows:
+                key_check(row.lock_key)
         for row in rows:
             guarding = by_key.get(row.lock_key)
             if guarding is None:

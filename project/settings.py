@@ -13,6 +13,9 @@
 - ``DJANGO_ADMIN_LOGIN_FAILURES`` (5) and ``DJANGO_ADMIN_LOGIN_WINDOW`` (900
   seconds): failed admin logins allowed per client address and per user name
   in that window before the login answers 429 (:mod:`project.login_throttle`).
+- ``DJANGO_NUM_PROXIES``: how many trusted reverse proxies stand in front of
+  the site (``REST_FRAMEWORK["NUM_PROXIES"]``). Unset, the throttles count
+  ``REMOTE_ADDR`` and ignore ``X-Forwarded-For``, which any client can write.
 """
 
 from __future__ import annotations
@@ -176,10 +179,13 @@ if os.environ.get("CELERY_DB_REUSE_MAX"):
     CELERY_DB_REUSE_MAX = int(os.environ["CELERY_DB_REUSE_MAX"])
 
 # --- REST framework ---------------------------------------------------------
-# No REST_FRAMEWORK or SPECTACULAR_SETTINGS here: the coordination API sets its
-# own authentication, permissions, schema class, renderers and error shape per
-# view, and serves its docs' assets from drf_spectacular_sidecar, as it must in
-# any site that installs it.
+# No SPECTACULAR_SETTINGS and no REST_FRAMEWORK but the proxies: the coordination
+# API sets its own authentication, permissions, schema class, renderers and
+# error shape per view, and serves its docs' assets from drf_spectacular_sidecar,
+# as it must in any site that installs it. NUM_PROXIES is the site's to know: the
+# client address of the API's throttles and of the admin login's count.
+if os.environ.get("DJANGO_NUM_PROXIES"):
+    REST_FRAMEWORK = {"NUM_PROXIES": int(os.environ["DJANGO_NUM_PROXIES"])}
 
 # --- coordination -----------------------------------------------------------
 COORDINATION: dict[str, Any] = {

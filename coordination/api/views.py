@@ -529,19 +529,24 @@ class DocumentView(CoordinationView):
         # existing document must be bound to, which the fence checks).
         rules = access.for_request(request)
         rules.require("write", body["lock_key"])
-        if rules.limited:
-            # Refused here, not as the fence's wrong_lock: that would record a
-            # rejection and name a key outside the user's rules.
-            bound = Document.objects.filter(name=name).values_list("fence__lock_key", flat=True).first()
-            if bound is not None and not rules.allows("write", bound):
+        grant = locks.grant_from_proof(body["lock_key"], body["token"], body["lease_id"])
+
+        def bound_within_rules(bound: str) -> None:
+            # Checked under the fence's row lock, before the fence's own wrong_lock:
+            # that would name a key outside the user's rules, and record a rejection
+            # carrying its watermark. Read before the lock, the binding could be
+            # made by another writer in between (two first writes racing).
+            if not rules.allows("write", bound):
                 raise KeyForbidden(
                     f"document {name!r} is bound to a lock key your access rules do not allow "
                     "you to write with (docs/access-rules.md)", action="write",
                 )
-        grant = locks.grant_from_proof(body["lock_key"], body["token"], body["lease_id"])
 
         def write() -> dict[str, Any]:
-            document = documents.put_document(name, grant, body["data"], step=body.get("step"))
+            document = documents.put_document(
+                name, grant, body["data"], step=body.get("step"),
+                key_check=bound_within_rules if rules.limited else None,
+            )
             return dict(DocumentSerializer(document).data)
 
         if idempotency_key is None:
