@@ -69,6 +69,7 @@ class SchemaView(ThrottledRefusals, SpectacularAPIView):
     authentication_classes = [TokenAuthentication, SessionAuthentication]
     permission_classes = [IsAuthenticated]
     versioning_class = None
+    schema = None  # describes the API; not part of it
     custom_settings = SCHEMA_SETTINGS
 
     def get_exception_handler(self) -> Callable[..., Response | None]:
@@ -81,6 +82,7 @@ class DocsView(SpectacularSwaggerView):
     authentication_classes = [SessionAuthentication]
     permission_classes = [IsAuthenticated]
     versioning_class = None
+    schema = None  # describes the API; not part of it
     url_name = "coordination_api:schema"
     title = f"{TITLE} API"
 
@@ -99,6 +101,7 @@ class RedocView(SpectacularRedocView):
     authentication_classes = [SessionAuthentication]
     permission_classes = [IsAuthenticated]
     versioning_class = None
+    schema = None  # describes the API; not part of it
     url_name = "coordination_api:schema"
     template_name = "coordination/api/redoc.html"
     title = f"{TITLE} API"
