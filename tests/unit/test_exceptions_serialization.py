@@ -59,7 +59,12 @@ def sample(annotation: Any, where: str) -> Any:
 def constructed(cls: type[CoordinationError]) -> list[CoordinationError]:
     """The error built with every field given by name, and with the required ones by position."""
     if cls.__init__ is CoordinationError.__init__:
-        return [cls(), cls("what happened, and what to do"), cls("with a field", {"holder": "worker-3"})]
+        return [
+            cls(),
+            cls("what happened, and what to do"),
+            cls("with fields, as raised", action="write", key="invoice:7"),
+            cls("with a field, as replayed", {"holder": "worker-3"}),
+        ]
     hints = typing.get_type_hints(cls.__init__)
     parameters = list(inspect.signature(cls.__init__).parameters.values())[1:]
     full = {p.name: sample(hints[p.name], f"{cls.__qualname__}.{p.name}") for p in parameters}
