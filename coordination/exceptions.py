@@ -80,11 +80,22 @@ class CoordinationError(Exception):
         return body
 
 
+_SIGNATURES: dict[type[CoordinationError], inspect.Signature] = {}
+
+
+def _signature(cls: type[CoordinationError]) -> inspect.Signature:
+    # Read once per class: refusals (StaleToken, LockHeld) are raised on busy paths.
+    found = _SIGNATURES.get(cls)
+    if found is None:
+        found = _SIGNATURES[cls] = inspect.signature(cls.__init__)
+    return found
+
+
 def _positional(
     cls: type[CoordinationError], args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[Any, ...]:
     """The constructor call ``cls(*args, **kwargs)`` as positional arguments alone."""
-    signature = inspect.signature(cls.__init__)
+    signature = _signature(cls)
     try:
         bound = signature.bind(None, *args, **kwargs)
     except TypeError:
