@@ -1,5 +1,5 @@
-"""``manage.py check --deploy`` on a new site set up as README.md's Installation
-section says: neither the app's checks nor drf-spectacular's (which generates the
+"""``manage.py check --deploy`` on a new site set up as the tutorial's Installation
+section (docs/tutorial.md) says: neither the app's checks nor drf-spectacular's (which generates the
 site's whole schema) report an error about the app or its views.
 
 docs/security.md tells users to run ``check --deploy``; the site's own settings
@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.processes.test_third_party_site import README, REPO, installation_blocks
+from tests.processes.test_third_party_site import README as TUTORIAL
+from tests.processes.test_third_party_site import REPO, installation_blocks
 
 pytestmark = pytest.mark.legs(
     "pg", "lts", reason="Django's checks, on each supported Django; the site runs on SQLite"
@@ -26,13 +27,13 @@ MESSAGE_ID = re.compile(r"\((?P<id>[\w.]+\.[EWIC]\d+)\)")
 
 
 def readme_site(into: Path) -> Path:
-    """``startproject shop`` + ``startapp orders`` with the README's file blocks applied
+    """``startproject shop`` + ``startapp orders`` with the tutorial's file blocks applied
     (the SQLite variant: the checks need no server). Returns the project directory."""
     run = {"cwd": into, "check": True, "capture_output": True, "timeout": 120}
     subprocess.run([sys.executable, "-m", "django", "startproject", "shop"], **run)  # type: ignore[call-overload]
     shop = into / "shop"
     subprocess.run([sys.executable, "manage.py", "startapp", "orders"], **{**run, "cwd": shop})  # type: ignore[call-overload]
-    for block in installation_blocks(README.read_text()):
+    for block in installation_blocks(TUTORIAL.read_text()):
         if block.kind != "file" or block.database == "PostgreSQL":
             continue
         target = shop / block.path
@@ -57,7 +58,7 @@ def check_deploy(shop: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_check_deploy_on_the_readme_site_reports_nothing_about_the_app_or_its_schema(
+def test_check_deploy_on_the_tutorial_site_reports_nothing_about_the_app_or_its_schema(
     tmp_path: Path,
 ) -> None:
     shop = readme_site(tmp_path)
