@@ -64,6 +64,8 @@ def worker(
         unique("results"),
         tmp_path_factory.mktemp("worker-logs"),
         broker=broker,
+        # The site's settings read the result backend from the environment, and
+        # `celery worker` reads --include from CELERY_WORKER_INCLUDE.
         CELERY_RESULT_BACKEND=broker.url,
         CELERY_WORKER_INCLUDE=tasks.__name__,
     )
