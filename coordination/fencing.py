@@ -41,7 +41,6 @@ from django.core.exceptions import (
     FullResultSet,
     ValidationError,
 )
-from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DatabaseError, IntegrityError, connections, models, router, transaction
 from django.db.models import F, Q, Value
 from django.db.models.expressions import Col, Expression
@@ -49,7 +48,7 @@ from django.db.models.functions import Cast, Concat
 from django.db.models.lookups import Exact, IntegerFieldExact
 from django.db.models.sql.where import AND, WhereNode
 
-from . import aio, signals, watermarks
+from . import aio, results, signals, watermarks
 from .backends import get_backend
 from .conf import app_settings
 from .exceptions import (
@@ -969,14 +968,15 @@ def idempotent(key: str, operation: Callable[[], T], *, using: str | None = None
     commit in one transaction, so either both happen or neither does. A
     concurrent retry waits for the first to finish, then gets its result.
 
-    The result is stored as JSON through Django's ``DjangoJSONEncoder``: besides
-    JSON's own types, ``Decimal``, ``datetime``/``date``/``time``, ``timedelta``,
-    ``UUID`` and lazy strings. The first call returns the operation's result
-    unchanged; a retry gets the JSON-decoded form (a ``Decimal`` as a string
-    like ``"12.50"``, a datetime as an ISO 8601 string, a tuple as a list).
-    A result it cannot store (another type, NaN or infinity, a string with NUL)
-    raises :class:`InvalidInput` and nothing is stored: the record and the
-    operation's own database writes roll back together. An operation that
+    A retry gets the result back with the types the first call returned: it is
+    stored as JSON, with ``Decimal``, ``datetime``, ``date``, ``time``,
+    ``timedelta``, ``UUID`` and tuples tagged so that they decode as themselves
+    (:mod:`coordination.results`), in lists and dicts at any depth. The first
+    call returns the operation's result unchanged. A result that would come back
+    as another type (any other class, a subclass such as an enum, a dict key
+    that is not a string) or that JSON cannot hold (NaN, infinity, a string with
+    NUL) raises :class:`InvalidInput` naming the value, and nothing is stored:
+    the record and the operation's own database writes roll back together. An operation that
     raises stores nothing either, so it may be retried.
     """
     if not isinstance(key, str) or not key or len(key) > 255:
@@ -989,7 +989,7 @@ def idempotent(key: str, operation: Callable[[], T], *, using: str | None = None
         records.bulk_create([IdempotencyRecord(key=key)], ignore_conflicts=True)
         record = records.select_for_update().get(key=key)
         if record.completed:
-            return cast(T, record.result)
+            return cast(T, results.decode(record.result))
         result = operation()
         record.result, record.completed = _storable_result(key, result), True
         record.save(update_fields=["result", "completed"])
@@ -997,20 +997,18 @@ def idempotent(key: str, operation: Callable[[], T], *, using: str | None = None
 
 
 def _storable_result(key: str, result: object) -> Any:
-    """``result`` as plain JSON values, or InvalidInput naming what cannot be stored."""
+    """``result`` as the JSON value to store, or InvalidInput naming what cannot be stored."""
     try:
-        text = json.dumps(result, cls=DjangoJSONEncoder, allow_nan=False)
-    except (TypeError, ValueError) as error:  # unknown type, NaN/Infinity, a cycle
-        raise InvalidInput(
-            f"idempotent({key!r}): the result cannot be stored as JSON ({error}). Return JSON "
-            "values, or what DjangoJSONEncoder encodes (Decimal, datetime, UUID...)."
-        ) from None
+        stored = results.encode(result, where=f"idempotent({key!r}): the result")
+        text = json.dumps(stored, allow_nan=False)
+    except RecursionError:  # a cycle
+        raise InvalidInput(f"idempotent({key!r}): the result contains itself") from None
     # PostgreSQL's jsonb cannot hold U+0000; refused here rather than as a database
     # error. In the JSON text a NUL is the escape \\u0000; literal backslashes are
     # escaped as pairs, dropped first so that a string holding "\\u0000" passes.
     if "\\u0000" in text.replace("\\\\", ""):
         raise InvalidInput(f"idempotent({key!r}): the result contains a NUL character (\\u0000).")
-    return json.loads(text)
+    return stored
 
 
 def record_rejection(

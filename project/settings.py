@@ -1,12 +1,16 @@
 """Settings for the runnable site, read from the environment.
 
-- ``DATABASE_URL``: PostgreSQL in production (``postgres://user:pass@host/db``).
-  Default: a SQLite file under ``var/`` with IMMEDIATE transactions, so token
+- ``DATABASE_URL``: PostgreSQL in production (``postgres://user:pass@host/db``,
+  or libpq's multi-host form for a failover cluster:
+  ``postgres://user@h1:5432,h2:5432/db?target_session_attrs=read-write``,
+  :mod:`project.database_url`). Default: a SQLite file under ``var/`` with IMMEDIATE transactions, so token
   issuance is serialised there too.
 - ``CELERY_BROKER_URL``: default is Celery's filesystem transport under ``var/``.
 - ``DJANGO_DEBUG``: off unless set to 1/true/yes/on (``bin/run`` sets it for
   the local demo). Production-safe by default: ``gunicorn project.wsgi`` with no
-  environment shows no debug pages.
+  environment shows no debug pages. Static files (the admin's, the dashboard's,
+  the API docs') are served by WhiteNoise from ``STATIC_ROOT`` after
+  ``manage.py collectstatic``, with DEBUG off too.
 - ``DJANGO_SECRET_KEY``: required when DEBUG is off; with DEBUG on a fixed
   development key is used when it is missing.
 - ``DJANGO_ALLOWED_HOSTS``: comma-separated, default ``127.0.0.1,localhost``.
@@ -24,8 +28,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
+
+from project import database_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("COORDINATION_VAR_DIR", BASE_DIR / "var"))
@@ -66,6 +71,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Static files with DEBUG off, from STATIC_ROOT, before anything that needs a session.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -96,7 +103,7 @@ TEMPLATES = [
 def _database_from_environment() -> dict[str, Any]:
     url = os.environ.get("DATABASE_URL", "").strip()
     if url:
-        config: dict[str, Any] = dict(dj_database_url.parse(url, conn_max_age=0))
+        config: dict[str, Any] = database_url.parse(url, conn_max_age=0)
     else:
         config = {
             "ENGINE": "django.db.backends.sqlite3",
@@ -140,6 +147,13 @@ ADMIN_LOGIN_WINDOW = int(os.environ.get("DJANGO_ADMIN_LOGIN_WINDOW", "900"))
 
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
+STATIC_ROOT.mkdir(exist_ok=True)  # WhiteNoise warns at start about a missing one
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    # collectstatic also writes gzip copies, which WhiteNoise serves to clients that
+    # accept them. No manifest: a page never fails on a file not collected yet.
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
 LOGIN_URL = "admin:login"
 
 LOGGING = {

@@ -633,8 +633,10 @@ def no_endpoint(request: HttpRequest, rest: str = "") -> HttpResponse:
     Exempt from the CSRF check, as the API's views are (they authenticate by
     token, or check CSRF themselves for a session): it changes nothing, and a
     POST or PUT to a wrong path must learn that the path is wrong, not that a
-    CSRF cookie is missing. A collection asked for without its trailing slash
-    is redirected to it.
+    CSRF cookie is missing. A path asked for without its trailing slash
+    (``/api/locks``) is redirected to it with ``308 Permanent Redirect``, which
+    keeps the method and body (a 301 turns a POST into a GET in most clients),
+    and a JSON body in the error shape naming the ``location``.
     """
     if not request.path.endswith("/"):
         try:
@@ -643,6 +645,15 @@ def no_endpoint(request: HttpRequest, rest: str = "") -> HttpResponse:
             match = None
         if match is not None and match.url_name != "no-endpoint":
             query = request.META.get("QUERY_STRING", "")
-            return HttpResponsePermanentRedirect(request.path + "/" + (f"?{query}" if query else ""))
+            location = request.path + "/" + (f"?{query}" if query else "")
+            body = {
+                "code": "permanent_redirect",
+                "detail": f"The endpoint is at {request.path}/ (with a trailing slash); "
+                "repeat the request there.",
+                "location": location,
+            }
+            return HttpResponsePermanentRedirect(
+                location, preserve_request=True, content=json.dumps(body), content_type="application/json"
+            )
     detail = f"No API endpoint at {request.path}; the OpenAPI schema lists them all."
     return JsonResponse({"code": "not_found", "detail": detail}, status=404)
