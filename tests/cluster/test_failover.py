@@ -190,8 +190,13 @@ def test_async_failover_never_reissues_a_token_and_revokes_every_lease(cluster_d
     _assert_tokens_increase(workload)
 
     floor = _retry(lambda: TokenFloor.objects.using(DB).get())
-    leader = cluster.leader()
-    assert leader is not None and leader.node == new_node
+    # Patroni reports a promoted node's new timeline on a later turn of its loop
+    # than PostgreSQL starts it: wait until it reports one at least the guard's.
+    leader = cluster.wait(
+        lambda: (found := cluster.leader()) and found.timeline >= floor.timeline and found,
+        "Patroni reporting the new timeline", timeout=60,
+    )
+    assert leader.node == new_node
     assert floor.timeline == leader.timeline, "the guard did not record the new timeline"
     skipped = []
     for index in range(workload.threads):
