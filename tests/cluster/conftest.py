@@ -12,15 +12,13 @@ from django.core.management import call_command
 from django.db import connections
 
 from tests.support.cluster import CLUSTER_ALIAS, Cluster, database_settings, missing_parts
-from tests.support.legs import current_leg, missing_service
+from tests.support.legs import missing_service
 
 
 @pytest.fixture(scope="session")
 def cluster(django_db_setup: Any, django_db_blocker: Any) -> Iterator[Cluster]:
     """The running cluster, migrated, as the ``cluster`` alias; stopped at the end
     (left running with COORDINATION_KEEP_SERVICES=1, as bin/test leaves its servers)."""
-    if current_leg() != "pg":
-        pytest.skip("the cluster tests run on the pg leg only: one Django and PostgreSQL is enough")
     missing = missing_parts()
     if missing is not None:
         missing_service(missing)
