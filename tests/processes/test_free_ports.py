@@ -1,0 +1,125 @@
+"""The scripts that start servers take free ports and use nothing they did not
+start: with another program listening on a default port (a plain socket here)
+the private Redis and the bench's etcd start on a port after it and work, and
+a port the caller names that is taken fails at once, before anything starts.
+
+Each script runs with a lock directory (or cluster directory) of its own, so
+no server of another run counts as ours, and the default port is held by this
+test when it is free (or by whatever holds it already: either way, not ours).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from project.lab import benchmarks
+from tests.support.legs import missing_service
+from tests.support.ports import free_port, listening_socket
+
+pytestmark = pytest.mark.legs("pg", reason="the scripts need no database; once is enough")
+
+REPO = Path(__file__).resolve().parents[2]
+# The scripts' defaults (bin/services.sh, bin/bench-peers.sh).
+REDIS_DEFAULT, BENCH_ETCD_DEFAULT = 63799, 23850
+# What names a port or a server to the scripts; a test gives none of it unless it says.
+PORT_VARIABLES = (
+    "COORDINATION_PG_PORT", "COORDINATION_REDIS_PORT", "COORDINATION_TEST_DATABASE_URL",
+    "COORDINATION_TEST_REDIS_URL", "COORDINATION_KEEP_SERVICES", "COORDINATION_HA_ETCD_PORT",
+    "COORDINATION_HA_REST_PORT", "COORDINATION_HA_PG_PORT", "COORDINATION_BENCH_ETCD_PORT",
+    "COORDINATION_BENCH_ZOOKEEPER_PORT",
+)
+
+
+def script_env(**extra: str) -> dict[str, str]:
+    env = {name: value for name, value in os.environ.items() if name not in PORT_VARIABLES}
+    return {**env, **extra}
+
+
+@contextlib.contextmanager
+def taken(port: int) -> Iterator[None]:
+    """``port`` held by another program for the block: this test's socket, or,
+    when something already listens there, that."""
+    try:
+        with listening_socket(port):
+            yield
+    except OSError:  # taken already (by nothing this test's scripts started)
+        yield
+
+
+def bash(script: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", "-c", script], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
+def test_redis_starts_on_the_next_free_port_when_the_default_is_taken(tmp_path: Path) -> None:
+    if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
+        missing_service("redis-server and redis-cli (apt-get install redis-server)")
+    env = script_env(COORDINATION_SERVICES_LOCK_DIR=str(tmp_path))
+    with taken(REDIS_DEFAULT):
+        done = bash(
+            'source bin/services.sh && start_redis && echo "port=$COORDINATION_REDIS_PORT" '
+            '&& redis-cli -p "$COORDINATION_REDIS_PORT" set seen yes '
+            '&& redis-cli -u "$COORDINATION_TEST_REDIS_URL" get seen',
+            env,
+        )
+    assert done.returncode == 0, done.stderr
+    assert "taken by another process" in done.stderr
+    lines = done.stdout.split()
+    port = int(lines[0].removeprefix("port="))
+    assert port > REDIS_DEFAULT
+    assert lines[1:] == ["OK", "yes"]  # it works, on the port it exported
+    assert free_port(port) == port  # and the last user out stopped it
+
+
+def test_a_taken_port_the_caller_names_fails_the_start_at_once(tmp_path: Path) -> None:
+    port = free_port(40000)
+    with taken(port):
+        for script, variable in (
+            ("source bin/services.sh && start_redis", "COORDINATION_REDIS_PORT"),
+            ("source bin/services.sh && start_postgres", "COORDINATION_PG_PORT"),
+            ("bin/cluster.sh start", "COORDINATION_HA_ETCD_PORT"),
+            ("bin/bench-peers.sh start", "COORDINATION_BENCH_ZOOKEEPER_PORT"),
+        ):
+            started = time.monotonic()
+            done = bash(script, script_env(**{
+                variable: str(port), "COORDINATION_SERVICES_LOCK_DIR": str(tmp_path / "locks"),
+                "COORDINATION_HA_DIR": str(tmp_path / "ha"),
+                "COORDINATION_BENCH_PEERS_DIR": str(tmp_path / "peers"),
+            }), timeout=60)
+            assert done.returncode != 0, f"{script}: {done.stderr}"
+            assert f"port {port}" in done.stderr and variable in done.stderr, done.stderr
+            # Refused before anything was started: no waiting on a server that cannot bind.
+            assert time.monotonic() - started < 20, f"{script} took {time.monotonic() - started:.0f} s"
+    assert not (tmp_path / "ha" / "etcd.pid").exists()
+    assert not list((tmp_path / "peers").glob("*.pid"))
+
+
+def test_the_bench_etcd_starts_past_a_taken_default_port_and_answers() -> None:
+    if shutil.which("etcd") is None:
+        missing_service("etcd (apt-get install etcd-server)")
+    # Not under pytest's tmp_path: as root, etcd runs as the etcd user, who
+    # must reach the directory (the script removes it on stop).
+    peers = Path(tempfile.mkdtemp(prefix="coordination-bench-peers-test-"))
+    peers.chmod(0o755)
+    env = script_env(COORDINATION_BENCH_PEERS_DIR=str(peers))
+    with taken(BENCH_ETCD_DEFAULT):
+        done = bash("bin/bench-peers.sh start", env)
+    try:
+        assert done.returncode == 0, done.stderr
+        exports = dict(line.removeprefix("export ").split("=", 1) for line in done.stdout.splitlines())
+        url = exports["COORDINATION_BENCH_ETCD_URL"]
+        assert int(url.rsplit(":", 1)[1]) > BENCH_ETCD_DEFAULT
+        assert benchmarks.etcd_available(url) is None  # the bench's own check: it answers
+        assert bash("bin/bench-peers.sh env", env).stdout == done.stdout  # recorded for later scripts
+    finally:
+        bash("bin/bench-peers.sh stop", env)
+        shutil.rmtree(peers, ignore_errors=True)
