@@ -271,7 +271,6 @@ EOF
         die "PostgreSQL failed to start (log: $log)"
     fi
     _PG_DATA=$data
-    _PG_STARTED=1
 
     local i
     for ((i = 0; i < 60; i++)); do
@@ -299,8 +298,7 @@ start_postgres() {
     done
     command -v flock >/dev/null || die "flock missing: apt-get install util-linux"
 
-    local name status i tries
-    _PG_STARTED=0
+    local name tries
     _PG_DATA=""
     for ((tries = 0; ; tries++)); do
         name="pg-$COORDINATION_PG_PORT"
