@@ -310,6 +310,16 @@ cmd_start() {
         # A new cluster, on ports free now; what a killed run left is of no use.
         rm -rf -- "$ROOT"/node[0-9]* "$ROOT/etcd" "$ROOT/etcd.pid" "$ROOT/ports"
         choose_ports
+    else
+        # Running: its recorded ports stand; a different one asked for is an error.
+        local var given recorded
+        for var in ETCD REST PG; do
+            given=COORDINATION_HA_${var}_PORT
+            given=${!given:-}
+            recorded=${var}_PORT
+            [[ -z $given || $given == "${!recorded}" ]] ||
+                die "the cluster in $ROOT runs with ${var}_PORT ${!recorded}, not COORDINATION_HA_${var}_PORT=$given: bin/cluster.sh stop first"
+        done
     fi
     start_etcd
     local n pid
