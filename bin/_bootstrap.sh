@@ -15,6 +15,7 @@
 #   port_free PORT [COUNT]           0 when PORT (..PORT+COUNT-1) is free now.
 #   pick_port VAR DEFAULT [COUNT [TAKEN...]]  the port VAR names (it must be free:
 #                                    dies otherwise), else free_port DEFAULT ...
+#   port_taken VAR [COUNT]           die: the port VAR names is someone else's.
 #   die / info / banner              messages on stderr.
 #
 # The project itself is never pip-installed: it is used from the checkout.
@@ -125,10 +126,15 @@ pick_port() {
         return
     fi
     port=$(free_port "${!var}" "$count" "$@") || return 1
-    [[ $port == "${!var}" ]] ||
-        die "port ${!var}$( ((count == 1)) || printf -- '-%s' "$((${!var} + count - 1))") ($var) is in use on 127.0.0.1.
-       Stop what holds it, choose another $var, or unset $var to let the script pick free ports."
+    [[ $port == "${!var}" ]] || port_taken "$var" "$count"
     printf '%s\n' "$port"
+}
+
+# port_taken VAR [COUNT]: die because the port(s) VAR names are held by another process.
+port_taken() {
+    local var=$1 count=${2:-1}
+    die "port ${!var}$( ((count == 1)) || printf -- '-%s' "$((${!var} + count - 1))") ($var) is in use on 127.0.0.1 by a process these scripts did not start.
+       Stop it, choose another $var, or unset $var to let the script pick free ports."
 }
 
 # --- interpreters -----------------------------------------------------------

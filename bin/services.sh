@@ -131,12 +131,6 @@ _svc_recorded_pid() {
     printf '%s\n' "$pid"
 }
 
-# _svc_port_taken SERVICE VAR: the port a caller gave is held by another process.
-_svc_port_taken() {
-    die "$1: port ${!2} on 127.0.0.1 is in use by a process these scripts did not start.
-       Stop it, set $2 to a free port, or unset $2 to let the script find one."
-}
-
 # --- PostgreSQL -------------------------------------------------------------
 
 _pg_find_bin() {
@@ -316,7 +310,7 @@ start_postgres() {
             break
         fi
         _svc_mutex_release
-        [[ -z $_SVC_PG_PORT_GIVEN ]] || _svc_port_taken PostgreSQL COORDINATION_PG_PORT
+        [[ -z $_SVC_PG_PORT_GIVEN ]] || port_taken COORDINATION_PG_PORT
         ((tries < _SVC_PORT_TRIES)) || die "PostgreSQL: no free port from $((COORDINATION_PG_PORT - tries))"
         info "PostgreSQL: port $COORDINATION_PG_PORT is taken by another process; trying the next one"
         COORDINATION_PG_PORT=$((COORDINATION_PG_PORT + 1))
@@ -424,7 +418,7 @@ start_redis() {
             break
         fi
         _svc_mutex_release
-        [[ -z $_SVC_REDIS_PORT_GIVEN ]] || _svc_port_taken Redis COORDINATION_REDIS_PORT
+        [[ -z $_SVC_REDIS_PORT_GIVEN ]] || port_taken COORDINATION_REDIS_PORT
         ((tries < _SVC_PORT_TRIES)) || die "Redis: no free port from $((COORDINATION_REDIS_PORT - tries))"
         info "Redis: port $COORDINATION_REDIS_PORT is taken by another process; trying the next one"
         COORDINATION_REDIS_PORT=$((COORDINATION_REDIS_PORT + 1))
