@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Shared helpers for bin/test, bin/run and .ci/run. Source it, don't run it.
+# Shared helpers for the scripts in bin/ and .ci/run. Source it, don't run it.
 #
 #   ensure_venv DIR PYTHON REQFILE   create DIR with PYTHON ("3.11", or "3.12+" for
 #                                    3.12 or newer) and pip-install REQFILE; skipped

@@ -52,9 +52,13 @@ own() { # own USER DIR: DIR writable by USER (root only)
     fi
 }
 
-wait_port() { # wait_port PORT NAME: up to 30 s for a listener
+wait_port() { # wait_port PORT NAME: up to 30 s for NAME (started here) to listen on PORT
     local deadline=$((SECONDS + 30))
-    until (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; do
+    while :; do
+        # Ours must still run: if it exited (the port taken after all), what
+        # answers there is someone else's.
+        running "$2" || { say "$2 exited (log: $DIR/$2.log)"; return 1; }
+        (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
         ((SECONDS < deadline)) || { say "$2 did not start on port $1 (log: $DIR/$2.log)"; return 1; }
         sleep 0.2
     done
