@@ -14,7 +14,7 @@ from django.db import connections
 from project.lab.chaos.patroni import NODES, PatroniCluster
 from tests.support.cluster import CLUSTER_ALIAS, Cluster, database_settings, missing_parts
 from tests.support.legs import missing_service
-from tests.support.ports import free_port, listening_socket
+from tests.support.ports import free_port, taken
 
 
 @pytest.fixture(scope="session")
@@ -27,7 +27,7 @@ def squatted_port() -> Iterator[int | None]:
         yield None
         return
     first = free_port(PatroniCluster().ports["PG_PORT"], len(NODES))
-    with listening_socket(first + 1):
+    with taken(first + 1):
         yield first + 1
 
 

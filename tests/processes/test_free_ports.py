@@ -10,20 +10,18 @@ test when it is free (or by whatever holds it already: either way, not ours).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from project.lab import benchmarks
 from tests.support.legs import missing_service
-from tests.support.ports import free_port, listening_socket
+from tests.support.ports import free_port, taken
 
 pytestmark = pytest.mark.legs("pg", reason="the scripts need no database; once is enough")
 
@@ -42,17 +40,6 @@ PORT_VARIABLES = (
 def script_env(**extra: str) -> dict[str, str]:
     env = {name: value for name, value in os.environ.items() if name not in PORT_VARIABLES}
     return {**env, **extra}
-
-
-@contextlib.contextmanager
-def taken(port: int) -> Iterator[None]:
-    """``port`` held by another program for the block: this test's socket, or,
-    when something already listens there, that."""
-    try:
-        with listening_socket(port):
-            yield
-    except OSError:  # taken already (by nothing this test's scripts started)
-        yield
 
 
 def bash(script: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:

@@ -1,6 +1,6 @@
 """Ports for the tests of the scripts that choose them: the scripts' own search
 (``free_port`` of bin/_bootstrap.sh, so a test asks exactly what a script
-would), and a plain listening socket that stands for another program on a port."""
+would), and a port held by another program for a while."""
 
 from __future__ import annotations
 
@@ -24,11 +24,15 @@ def free_port(first: int, count: int = 1) -> int:
 
 
 @contextmanager
-def listening_socket(port: int) -> Iterator[socket.socket]:
-    """A socket listening on 127.0.0.1:``port`` that never answers: what a
-    program the scripts did not start looks like to them. Raises OSError if the
-    port is taken."""
+def taken(port: int) -> Iterator[None]:
+    """``port`` held by another program for the block: a socket of this process
+    listening on 127.0.0.1 that never answers (what a program the scripts did
+    not start looks like to them), or, when the port cannot be bound, whatever
+    holds it already."""
     with socket.socket() as listener:
-        listener.bind(("127.0.0.1", port))
-        listener.listen()
-        yield listener
+        try:
+            listener.bind(("127.0.0.1", port))
+            listener.listen()
+        except OSError:
+            pass  # someone holds it already: taken all the same
+        yield
