@@ -1,11 +1,11 @@
 """The scripts that start servers take free ports and use nothing they did not
-start: with another program listening on a default port (a plain socket here)
-the private Redis and the bench's etcd start on a port after it and work, and
-a port the caller names that is taken fails at once, before anything starts.
+start: with another program listening on the port a script would take (the
+default, unless something holds it already; a plain socket here) the private
+Redis and the bench's etcd start on another port and work, and a taken port
+the caller names fails at once, before anything starts.
 
-Each script runs with a lock directory (or cluster directory) of its own, so
-no server of another run counts as ours, and the default port is held by this
-test when it is free (or by whatever holds it already: either way, not ours).
+Each script runs with a lock directory (or peers directory) of its own, so
+no server of another run counts as ours.
 """
 
 from __future__ import annotations
@@ -47,24 +47,25 @@ def bash(script: str, env: dict[str, str], timeout: float = 120) -> subprocess.C
                           timeout=timeout, check=False)
 
 
-def test_redis_starts_on_the_next_free_port_when_the_default_is_taken(tmp_path: Path) -> None:
+def test_redis_starts_past_a_port_another_program_listens_on(tmp_path: Path) -> None:
     if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
         missing_service("redis-server and redis-cli (apt-get install redis-server)")
     env = script_env(COORDINATION_SERVICES_LOCK_DIR=str(tmp_path))
-    with taken(REDIS_DEFAULT):
+    first = free_port(REDIS_DEFAULT)  # the default, on a machine where nothing holds it
+    with taken(first):
         done = bash(
-            'source bin/services.sh && start_redis && echo "port=$COORDINATION_REDIS_PORT" '
+            'source bin/services.sh && start_redis && echo "$COORDINATION_REDIS_PORT $(_redis_pid)" '
+            '&& cat "$COORDINATION_SERVICES_LOCK_DIR/redis-$COORDINATION_REDIS_PORT.server" '
             '&& redis-cli -p "$COORDINATION_REDIS_PORT" set seen yes '
             '&& redis-cli -u "$COORDINATION_TEST_REDIS_URL" get seen',
             env,
         )
     assert done.returncode == 0, done.stderr
-    assert "taken by another process" in done.stderr
-    lines = done.stdout.split()
-    port = int(lines[0].removeprefix("port="))
-    assert port > REDIS_DEFAULT
-    assert lines[1:] == ["OK", "yes"]  # it works, on the port it exported
-    assert free_port(port) == port  # and the last user out stopped it
+    chosen, pid, recorded_pid, _start_time, *answers = done.stdout.split()
+    assert int(chosen) != first and int(chosen) >= REDIS_DEFAULT
+    assert pid == recorded_pid  # the Redis there is the one the script started
+    assert answers == ["OK", "yes"]  # it works, on the port it exported
+    assert free_port(int(chosen)) == int(chosen)  # and the last user out stopped it
 
 
 def test_a_taken_port_the_caller_names_fails_the_start_at_once(tmp_path: Path) -> None:
@@ -90,7 +91,7 @@ def test_a_taken_port_the_caller_names_fails_the_start_at_once(tmp_path: Path) -
     assert not list((tmp_path / "peers").glob("*.pid"))
 
 
-def test_the_bench_etcd_starts_past_a_taken_default_port_and_answers() -> None:
+def test_the_bench_etcd_starts_past_a_port_another_program_listens_on_and_answers() -> None:
     if shutil.which("etcd") is None:
         missing_service("etcd (apt-get install etcd-server)")
     # Not under pytest's tmp_path: as root, etcd runs as the etcd user, who
@@ -98,13 +99,14 @@ def test_the_bench_etcd_starts_past_a_taken_default_port_and_answers() -> None:
     peers = Path(tempfile.mkdtemp(prefix="coordination-bench-peers-test-"))
     peers.chmod(0o755)
     env = script_env(COORDINATION_BENCH_PEERS_DIR=str(peers))
-    with taken(BENCH_ETCD_DEFAULT):
+    first = free_port(BENCH_ETCD_DEFAULT, 2)  # its client port, the peer port after it
+    with taken(first):
         done = bash("bin/bench-peers.sh start", env)
     try:
         assert done.returncode == 0, done.stderr
         exports = dict(line.removeprefix("export ").split("=", 1) for line in done.stdout.splitlines())
         url = exports["COORDINATION_BENCH_ETCD_URL"]
-        assert int(url.rsplit(":", 1)[1]) > BENCH_ETCD_DEFAULT
+        assert int(url.rsplit(":", 1)[1]) not in (first - 1, first)  # neither of its ports is the taken one
         assert benchmarks.etcd_available(url) is None  # the bench's own check: it answers
         assert bash("bin/bench-peers.sh env", env).stdout == done.stdout  # recorded for later scripts
     finally:

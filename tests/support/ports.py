@@ -25,14 +25,13 @@ def free_port(first: int, count: int = 1) -> int:
 
 @contextmanager
 def taken(port: int) -> Iterator[None]:
-    """``port`` held by another program for the block: a socket of this process
-    listening on 127.0.0.1 that never answers (what a program the scripts did
-    not start looks like to them), or, when the port cannot be bound, whatever
-    holds it already."""
+    """``port`` held for the block by a socket of this process that listens on
+    127.0.0.1 and never answers: what a program the scripts did not start looks
+    like to them. Raises OSError if the port cannot be bound (find it with
+    :func:`free_port` first)."""
     with socket.socket() as listener:
-        try:
-            listener.bind(("127.0.0.1", port))
-            listener.listen()
-        except OSError:
-            pass  # someone holds it already: taken all the same
+        # As servers bind (and free_port probes): a port left in TIME_WAIT is free.
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", port))
+        listener.listen()
         yield
