@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Shared helpers for bin/test, bin/run and .ci/run. Source it, don't run it.
+# Shared helpers for the scripts in bin/ and .ci/run. Source it, don't run it.
 #
 #   ensure_venv DIR PYTHON REQFILE   create DIR with PYTHON ("3.11", or "3.12+" for
 #                                    3.12 or newer) and pip-install REQFILE; skipped
@@ -10,6 +10,12 @@
 #                                    which apt-get command to run, and exit.
 #   find_python PYTHON               print the path of a working interpreter.
 #   on_exit COMMAND...               run COMMAND when the script exits (LIFO).
+#   free_port FIRST [COUNT [TAKEN...]]  print the first free port >= FIRST (COUNT
+#                                    free in a row, none in TAKEN).
+#   port_free PORT [COUNT]           0 when PORT (..PORT+COUNT-1) is free now.
+#   pick_port VAR DEFAULT [COUNT [TAKEN...]]  the port VAR names (it must be free:
+#                                    dies otherwise), else free_port DEFAULT ...
+#   port_taken VAR [COUNT]           die: the port VAR names is someone else's.
 #   die / info / banner              messages on stderr.
 #
 # The project itself is never pip-installed: it is used from the checkout.
@@ -59,6 +65,76 @@ _run_exit_hooks() {
     done
     _EXIT_HOOKS=()
     exit "$rc"
+}
+
+# --- ports ------------------------------------------------------------------
+# A port is free when a server could listen on it on 127.0.0.1 now, bound the
+# way servers bind (SO_REUSEADDR: a port that a stopped server left in
+# TIME_WAIT is free, one with a listener on 127.0.0.1 or on every address is
+# not). Another process can still take it before our server binds it; that
+# server then fails to start, and its caller says so.
+
+# free_port FIRST [COUNT [TAKEN...]]: print the lowest P >= FIRST such that
+# P..P+COUNT-1 are free and none is in TAKEN (ports chosen but not bound yet).
+free_port() {
+    local first=$1 count=${2:-1}
+    shift "$(($# < 2 ? $# : 2))"
+    command -v python3 >/dev/null || die "python3 is needed to find free ports"
+    python3 - "$first" "$count" "$@" <<'EOF'
+import socket
+import sys
+
+first, count = int(sys.argv[1]), int(sys.argv[2])
+taken = {int(port) for port in sys.argv[3:]}
+
+
+def free(port: int) -> bool:
+    if port in taken:
+        return False
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+for base in range(first, 65536 - count + 1):
+    if all(free(base + i) for i in range(count)):
+        print(base)
+        break
+else:
+    sys.exit(f"no {count} free port(s) from {first} on")
+EOF
+}
+
+port_free() { # port_free PORT [COUNT]
+    [[ "$(free_port "$1" "${2:-1}" 2>/dev/null)" == "$1" ]]
+}
+
+# pick_port VAR DEFAULT [COUNT [TAKEN...]]: a port for a server about to start.
+# The environment variable VAR, when set, says which (and the port must be free
+# and not in TAKEN: a port held by someone else fails at once, instead of a
+# server that cannot bind and a caller that waits for it); else the first free
+# one from DEFAULT.
+pick_port() {
+    local var=$1 first=$2 count=${3:-1} port
+    shift "$(($# < 3 ? $# : 3))"
+    if [[ -z "${!var:-}" ]]; then
+        free_port "$first" "$count" "$@"
+        return
+    fi
+    port=$(free_port "${!var}" "$count" "$@") || return 1
+    [[ $port == "${!var}" ]] || port_taken "$var" "$count"
+    printf '%s\n' "$port"
+}
+
+# port_taken VAR [COUNT]: die because the port(s) VAR names are held by another process.
+port_taken() {
+    local var=$1 count=${2:-1}
+    die "port ${!var}$( ((count == 1)) || printf -- '-%s' "$((${!var} + count - 1))") ($var) is in use on 127.0.0.1 by a process these scripts did not start.
+       Stop it, choose another $var, or unset $var to let the script pick free ports."
 }
 
 # --- interpreters -----------------------------------------------------------

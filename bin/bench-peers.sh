@@ -12,15 +12,25 @@
 #   bin/bench-peers.sh stop      stop both and delete their data
 #   bin/bench-peers.sh env       print the environment again
 #
-# Environment: COORDINATION_BENCH_ETCD_PORT (default 23850; the peer port is
-# one more), COORDINATION_BENCH_ZOOKEEPER_PORT (default 21810),
-# COORDINATION_BENCH_PEERS_DIR (default /tmp/coordination-bench-peers-<uid>).
+# Environment: COORDINATION_BENCH_ETCD_PORT (etcd's client port; its peer
+# port is one more), COORDINATION_BENCH_ZOOKEEPER_PORT: used as given when set
+# (start fails at once if another process holds one); unset, start takes the
+# first free ones from 23850 (two in a row) and 21810, and `env` prints what it
+# took. A service is reused only when this script started it (its pid file in
+# the directory). COORDINATION_BENCH_PEERS_DIR (default
+# /tmp/coordination-bench-peers-<uid>).
 set -euo pipefail
 
-ETCD_PORT=${COORDINATION_BENCH_ETCD_PORT:-23850}
-ZK_PORT=${COORDINATION_BENCH_ZOOKEEPER_PORT:-21810}
+# shellcheck source=bin/_bootstrap.sh
+source "$(dirname "${BASH_SOURCE[0]}")/_bootstrap.sh"
+
 DIR=${COORDINATION_BENCH_PEERS_DIR:-/tmp/coordination-bench-peers-$(id -u)}
 ZK_JAR=/usr/share/java/zookeeper.jar
+# The ports start chose (recorded in the directory), else the ones it would try first.
+ETCD_PORT=${COORDINATION_BENCH_ETCD_PORT:-23850}
+ZK_PORT=${COORDINATION_BENCH_ZOOKEEPER_PORT:-21810}
+# shellcheck source=/dev/null  # written by start
+[[ -f $DIR/ports ]] && source "$DIR/ports"
 
 say() { printf 'bench-peers: %s\n' "$*" >&2; }
 
@@ -42,9 +52,13 @@ own() { # own USER DIR: DIR writable by USER (root only)
     fi
 }
 
-wait_port() { # wait_port PORT NAME: up to 30 s for a listener
+wait_port() { # wait_port PORT NAME: up to 30 s for NAME (started here) to listen on PORT
     local deadline=$((SECONDS + 30))
-    until (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; do
+    while :; do
+        # Ours must still run: if it exited (the port taken after all), what
+        # answers there is someone else's.
+        running "$2" || { say "$2 exited (log: $DIR/$2.log)"; return 1; }
+        (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
         ((SECONDS < deadline)) || { say "$2 did not start on port $1 (log: $DIR/$2.log)"; return 1; }
         sleep 0.2
     done
@@ -56,11 +70,17 @@ print_env() {
     return 0
 }
 
+running() { [[ -f $DIR/$1.pid ]] && kill -0 "$(cat "$DIR/$1.pid")" 2>/dev/null; }
+
 start() {
     mkdir -p "$DIR"
     chmod 755 "$DIR"
+    # A service that is not running gets a port free now; a running one keeps its own.
+    running etcd || ETCD_PORT=$(pick_port COORDINATION_BENCH_ETCD_PORT 23850 2) || exit 1
+    running zookeeper || ZK_PORT=$(pick_port COORDINATION_BENCH_ZOOKEEPER_PORT 21810 1 "$ETCD_PORT" $((ETCD_PORT + 1))) || exit 1
+    printf 'ETCD_PORT=%s\nZK_PORT=%s\n' "$ETCD_PORT" "$ZK_PORT" >"$DIR/ports"
     if command -v etcd >/dev/null; then
-        if [[ -f $DIR/etcd.pid ]] && kill -0 "$(cat "$DIR/etcd.pid")" 2>/dev/null; then
+        if running etcd; then
             say "etcd already running"
         else
             mkdir -p "$DIR/etcd"
@@ -82,7 +102,7 @@ start() {
         say "etcd not installed (Debian: apt-get install etcd-server); skipped"
     fi
     if [[ -f $ZK_JAR ]] && command -v java >/dev/null; then
-        if [[ -f $DIR/zookeeper.pid ]] && kill -0 "$(cat "$DIR/zookeeper.pid")" 2>/dev/null; then
+        if running zookeeper; then
             say "ZooKeeper already running"
         else
             mkdir -p "$DIR/zookeeper/conf" "$DIR/zookeeper/data"

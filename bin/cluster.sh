@@ -10,6 +10,7 @@
 #   bin/cluster.sh mode sync|async   synchronous_mode (strict) on or off
 #   bin/cluster.sh stop           stop the nodes and etcd, remove their data
 #   bin/cluster.sh venv           print where Patroni's virtualenv must be
+#   bin/cluster.sh ports          the ports of the cluster (ETCD_PORT=..., REST_PORT=..., PG_PORT=...)
 #
 # It installs nothing: bin/test installs Debian's etcd-server and creates the
 # Patroni virtualenv (requirements/ha.txt) when the cluster tests run; by hand:
@@ -17,23 +18,35 @@
 #   python3.11 -m venv "$(bin/cluster.sh venv)" && "$(bin/cluster.sh venv)/bin/pip" install -r requirements/ha.txt
 #
 # PostgreSQL refuses to run as root, so as root the nodes (and Patroni, which
-# starts them) run as the `postgres` user. Everything lives in one directory,
-# /tmp/coordination-ha-<etcd port>, removed by stop.
+# starts them) run as the `postgres` user. Everything lives in one directory
+# per checkout, /tmp/coordination-ha-<hash of the checkout's path> (or
+# COORDINATION_HA_DIR), removed by stop.
 #
-# Ports (environment): COORDINATION_HA_ETCD_PORT (23790; peer port +10),
-# COORDINATION_HA_REST_PORT (8031: nodes 8031-8033),
-# COORDINATION_HA_PG_PORT (55431: nodes 55431-55433).
+# Ports: COORDINATION_HA_ETCD_PORT (etcd's clients), COORDINATION_HA_REST_PORT
+# (Patroni's REST API of nodes 1-3: that port and the two after it),
+# COORDINATION_HA_PG_PORT (PostgreSQL of nodes 1-3, likewise), when set, are
+# used as given; start fails at once if another process holds one. Unset, start
+# takes the first free ones from 23790, 8031 and 55431 (etcd's peer port: the
+# first free from the client port + 10). The ports chosen are recorded in the
+# cluster's directory: every later command (url, status, stop, start-node,
+# `ports`, the tests and the chaos tool) uses them. Only processes this script
+# started for this directory are ever reused: an etcd or a PostgreSQL on a
+# default port that is someone else's is left alone.
 set -euo pipefail
 
 # shellcheck source=bin/_bootstrap.sh
 source "$(dirname "${BASH_SOURCE[0]}")/_bootstrap.sh"
 
+NODES=(1 2 3)
+ROOT=${COORDINATION_HA_DIR:-${TMPDIR:-/tmp}/coordination-ha-$(printf '%s' "$REPO_ROOT" | sha256sum | cut -c1-12)}
+# The ports of the cluster in ROOT, once start has chosen them (choose_ports);
+# until then what start would try first.
 ETCD_PORT=${COORDINATION_HA_ETCD_PORT:-23790}
 ETCD_PEER_PORT=$((ETCD_PORT + 10))
 REST_PORT=${COORDINATION_HA_REST_PORT:-8031}
 PG_PORT=${COORDINATION_HA_PG_PORT:-55431}
-NODES=(1 2 3)
-ROOT=${TMPDIR:-/tmp}/coordination-ha-$ETCD_PORT
+# shellcheck source=/dev/null  # written by choose_ports
+[[ -f $ROOT/ports ]] && source "$ROOT/ports"
 PG_BIN=${COORDINATION_PG_BIN:-/usr/lib/postgresql/15/bin}
 SCOPE=coordination-ha
 START_TIMEOUT=${COORDINATION_HA_START_TIMEOUT:-120}
@@ -77,10 +90,31 @@ rest() { # rest N PATH [curl args...]: a call to node N's REST API
     curl -fsS --max-time 3 "$@" "http://127.0.0.1:$((REST_PORT + n - 1))$path"
 }
 
+# choose_ports: the ports of a new cluster (see the header), written to $ROOT/ports.
+choose_ports() {
+    ETCD_PORT=$(pick_port COORDINATION_HA_ETCD_PORT 23790) || exit 1
+    ETCD_PEER_PORT=$(free_port $((ETCD_PORT + 10)) 1 "$ETCD_PORT") || exit 1
+    REST_PORT=$(pick_port COORDINATION_HA_REST_PORT 8031 ${#NODES[@]} "$ETCD_PORT" "$ETCD_PEER_PORT") || exit 1
+    PG_PORT=$(pick_port COORDINATION_HA_PG_PORT 55431 ${#NODES[@]} "$ETCD_PORT" "$ETCD_PEER_PORT" \
+        $(seq "$REST_PORT" $((REST_PORT + ${#NODES[@]} - 1)))) || exit 1
+    printf 'ETCD_PORT=%s\nETCD_PEER_PORT=%s\nREST_PORT=%s\nPG_PORT=%s\n' \
+        "$ETCD_PORT" "$ETCD_PEER_PORT" "$REST_PORT" "$PG_PORT" >"$ROOT/ports"
+    info "ports: etcd $ETCD_PORT (peer $ETCD_PEER_PORT), Patroni REST $REST_PORT-$((REST_PORT + 2)), PostgreSQL $PG_PORT-$((PG_PORT + 2))"
+}
+
+# etcd_pid: our etcd's pid, if it runs (the process the pid file names, serving
+# this cluster's data directory).
+etcd_pid() {
+    local pid
+    pid=$(cat "$ROOT/etcd.pid" 2>/dev/null) || return 1
+    [[ -n $pid ]] && grep -qaF -- "$ROOT/etcd/data" "/proc/$pid/cmdline" 2>/dev/null || return 1
+    echo "$pid"
+}
+
 etcd_ok() { curl -fsS --max-time 2 "http://127.0.0.1:$ETCD_PORT/health" 2>/dev/null | grep -q '"health":"true"'; }
 
 start_etcd() {
-    if etcd_ok; then
+    if etcd_pid >/dev/null; then
         info "etcd: already running on 127.0.0.1:$ETCD_PORT"
         return 0
     fi
@@ -98,7 +132,8 @@ start_etcd() {
         --enable-v2=false </dev/null >>"$ROOT/etcd.log" 2>&1 &
     local i
     for ((i = 0; i < 100; i++)); do
-        etcd_ok && return 0
+        # Healthy, and ours: not another etcd that took the port first.
+        etcd_ok && etcd_pid >/dev/null && return 0
         sleep 0.2
     done
     tail -n 20 "$ROOT/etcd.log" >&2
@@ -258,9 +293,34 @@ wait_healthy() {
     done
 }
 
+# running: some process of this cluster (etcd, a node's Patroni) runs.
+running() {
+    local n
+    etcd_pid >/dev/null && return 0
+    for n in "${NODES[@]}"; do
+        [[ -z $(node_pids "$n") ]] || return 0
+    done
+    return 1
+}
+
 cmd_start() {
     mkdir -p "$ROOT"
     chmod 755 "$ROOT"
+    if ! running; then
+        # A new cluster, on ports free now; what a killed run left is of no use.
+        rm -rf -- "$ROOT"/node[0-9]* "$ROOT/etcd" "$ROOT/etcd.pid" "$ROOT/ports"
+        choose_ports
+    else
+        # Running: its recorded ports stand; a different one asked for is an error.
+        local var given recorded
+        for var in ETCD REST PG; do
+            given=COORDINATION_HA_${var}_PORT
+            given=${!given:-}
+            recorded=${var}_PORT
+            [[ -z $given || $given == "${!recorded}" ]] ||
+                die "the cluster in $ROOT runs with ${var}_PORT ${!recorded}, not COORDINATION_HA_${var}_PORT=$given: bin/cluster.sh stop first"
+        done
+    fi
     start_etcd
     local n pid
     for n in "${NODES[@]}"; do
@@ -333,8 +393,12 @@ cmd_stop() {
                 >/dev/null 2>&1 || true
         fi
     done
-    stop_pids "$(cat "$ROOT/etcd.pid" 2>/dev/null || true)" 5
-    [[ $ROOT == "${TMPDIR:-/tmp}"/coordination-ha-* ]] && rm -rf -- "$ROOT"
+    stop_pids "$(etcd_pid || true)" 5
+    if [[ $ROOT == "${TMPDIR:-/tmp}"/coordination-ha-* ]]; then
+        rm -rf -- "$ROOT"
+    else
+        rm -rf -- "$ROOT"/node[0-9]* "$ROOT/etcd" "$ROOT/etcd.pid" "$ROOT/ports"
+    fi
     info "cluster stopped"
 }
 
@@ -347,5 +411,6 @@ mode) cmd_mode "${2:-}" ;;
 stop) cmd_stop ;;
 venv) venv_dir ;;
 root) echo "$ROOT" ;;
-*) die "usage: bin/cluster.sh start|start-node N|status|url|mode sync|async|stop|venv|root" ;;
+ports) printf 'ETCD_PORT=%s\nREST_PORT=%s\nPG_PORT=%s\n' "$ETCD_PORT" "$REST_PORT" "$PG_PORT" ;;
+*) die "usage: bin/cluster.sh start|start-node N|status|url|mode sync|async|stop|venv|root|ports" ;;
 esac

@@ -1,30 +1,43 @@
 # shellcheck shell=bash
 # Private, throwaway PostgreSQL and Redis for the test suite. Source it.
 #
-#   start_postgres   exports COORDINATION_TEST_DATABASE_URL
+#   start_postgres   exports COORDINATION_TEST_DATABASE_URL and COORDINATION_PG_PORT
 #                    (postgres://coordination@127.0.0.1:54329/coordination)
-#   start_redis      exports COORDINATION_TEST_REDIS_URL (redis://127.0.0.1:63799/0)
+#   start_redis      exports COORDINATION_TEST_REDIS_URL and COORDINATION_REDIS_PORT
+#                    (redis://127.0.0.1:63799/0)
 #
-# Each does nothing if its variable is already set (bring your own server).
-# Otherwise a server already answering on the port is reused when it is one of
-# ours; else one is started from var/ (PostgreSQL runs as the `postgres` user
-# when we are root, since it refuses to run as root).
+# Each does nothing if its URL variable is already set (bring your own server).
+#
+# Ports: COORDINATION_PG_PORT and COORDINATION_REDIS_PORT, when set, are used
+# as given (and the start fails at once if another process holds the port).
+# Unset, each server goes on the first port from its default (54329, 63799)
+# that is either free or serves one of ours; what was chosen is exported, so
+# the scripts and tests started afterwards find it. PostgreSQL keeps its data
+# in var/pg (var/pg-<port> on another port), Redis in var/redis likewise;
+# PostgreSQL runs as the `postgres` user when we are root (it refuses root).
+#
+# "Ours" means started by these scripts: the one that starts a server records
+# its pid (and the pid's start time) in the shared directory below, and a
+# server is reused only while the process answering on the port is that one.
+# Anything else on a port (another PostgreSQL, a plain socket) is never used.
 #
 # Servers are shared by every script of every checkout on this machine that
 # uses the same port: each user registers itself, and when a script exits the
-# last user out stops the server (if these scripts created it). So a second
-# bin/test running at the same time, or a server left over by a killed run, is
-# reused rather than fought over. COORDINATION_KEEP_SERVICES=1 leaves the
-# servers running after exit (faster re-runs).
-#
-# Ports: COORDINATION_PG_PORT (54329; another port keeps its data in
-# var/pg-<port>), COORDINATION_REDIS_PORT (63799).
+# last user out stops the server. So a second bin/test running at the same
+# time, or a server left over by a killed run, is reused rather than fought
+# over. COORDINATION_KEEP_SERVICES=1 leaves the servers running after exit
+# (faster re-runs).
 
 # shellcheck source=bin/_bootstrap.sh
 source "$(dirname "${BASH_SOURCE[0]}")/_bootstrap.sh"
 
+# A port the caller gives is used as given; else the search starts at the default.
+_SVC_PG_PORT_GIVEN=${COORDINATION_PG_PORT:+1}
+_SVC_REDIS_PORT_GIVEN=${COORDINATION_REDIS_PORT:+1}
 COORDINATION_PG_PORT=${COORDINATION_PG_PORT:-54329}
 COORDINATION_REDIS_PORT=${COORDINATION_REDIS_PORT:-63799}
+# How many ports after the default a search tries before giving up.
+_SVC_PORT_TRIES=50
 # Lock and user registry shared by all checkouts and users of this machine.
 _SVC_SHARED_DIR=${COORDINATION_SERVICES_LOCK_DIR:-/tmp/coordination-services}
 _SVC_MARKER=coordination-test-cluster
@@ -97,6 +110,25 @@ _svc_unregister_user() {
             rm -f "$dir/$entry" 2>/dev/null || true
         fi
     done
+}
+
+# --- which server is ours ----------------------------------------------------
+# NAME.server in the shared directory: "PID START" of the server these scripts
+# started for NAME (service-port), written when it is up, removed when stopped.
+
+_svc_record_server() { # _svc_record_server NAME PID
+    printf '%s %s\n' "$2" "$(_svc_proc_start_time "$2")" >"$_SVC_SHARED_DIR/$1.server"
+}
+
+_svc_forget_server() { rm -f "$_SVC_SHARED_DIR/$1.server"; }
+
+# _svc_recorded_pid NAME: the recorded server's pid, if that process still runs
+# (the same start time: not a later process that got its pid).
+_svc_recorded_pid() {
+    local pid start file="$_SVC_SHARED_DIR/$1.server"
+    [[ -f $file ]] && read -r pid start <"$file" || return 1
+    [[ -n $pid && "$(_svc_proc_start_time "$pid" 2>/dev/null)" == "$start" ]] || return 1
+    printf '%s\n' "$pid"
 }
 
 # --- PostgreSQL -------------------------------------------------------------
@@ -175,6 +207,23 @@ _pg_choose_root() {
     info "PostgreSQL: postgres cannot use $REPO_ROOT/var; using $_PG_ROOT"
 }
 
+# _pg_ours: the server on the port is the one these scripts recorded (it may be
+# starting up or shutting down: wait for it); sets _PG_DATA.
+_pg_ours() {
+    local pid status i
+    pid=$(_svc_recorded_pid "pg-$COORDINATION_PG_PORT") || return 1
+    for ((i = 0; i < 30; i++)); do
+        status=0
+        _pg_isready || status=$?
+        ((status == 1)) || break # 1: starting up or shutting down
+        sleep 1
+    done
+    ((status == 0)) || return 1
+    _PG_DATA=$(_pg_psql postgres "show data_directory" 2>/dev/null) || return 1
+    # The recorded postmaster is the one that serves this data directory.
+    [[ "$(head -n 1 "$_PG_DATA/postmaster.pid" 2>/dev/null)" == "$pid" ]]
+}
+
 _pg_start_new() {
     _pg_choose_root
     local data="$_PG_ROOT/data" log="$_PG_ROOT/postgres.log"
@@ -216,7 +265,6 @@ EOF
         die "PostgreSQL failed to start (log: $log)"
     fi
     _PG_DATA=$data
-    _PG_STARTED=1
 
     local i
     for ((i = 0; i < 60; i++)); do
@@ -244,32 +292,34 @@ start_postgres() {
     done
     command -v flock >/dev/null || die "flock missing: apt-get install util-linux"
 
-    local name="pg-$COORDINATION_PG_PORT" status=0 i
-    _svc_mutex_acquire "$name"
-    _PG_STARTED=0
+    local name tries
     _PG_DATA=""
-    for ((i = 0; i < 30; i++)); do
-        status=0
-        _pg_isready || status=$?
-        ((status == 1)) || break # 1: starting up or shutting down
-        sleep 1
-    done
-    if ((status == 0)); then
-        _PG_DATA=$(_pg_psql postgres "show data_directory" 2>/dev/null) ||
-            die "something answers on 127.0.0.1:$COORDINATION_PG_PORT but is not our test PostgreSQL
-       (no trusted superuser 'coordination'). Stop it, or set COORDINATION_PG_PORT,
-       or set COORDINATION_TEST_DATABASE_URL."
-        info "PostgreSQL: reusing the server already running on port $COORDINATION_PG_PORT ($_PG_DATA)"
-        if [[ -z "$(_pg_psql postgres "select 1 from pg_database where datname = 'coordination'")" ]]; then
-            _pg_psql postgres "create database coordination" || die "could not create database coordination"
+    for ((tries = 0; ; tries++)); do
+        name="pg-$COORDINATION_PG_PORT"
+        _svc_mutex_acquire "$name"
+        if _pg_ours; then
+            info "PostgreSQL: reusing ours on port $COORDINATION_PG_PORT ($_PG_DATA)"
+            if [[ -z "$(_pg_psql postgres "select 1 from pg_database where datname = 'coordination'")" ]]; then
+                _pg_psql postgres "create database coordination" || die "could not create database coordination"
+            fi
+            break
         fi
-    else
-        _pg_start_new
-    fi
+        if port_free "$COORDINATION_PG_PORT"; then
+            _pg_start_new
+            _svc_record_server "$name" "$(head -n 1 "$_PG_DATA/postmaster.pid")"
+            break
+        fi
+        _svc_mutex_release
+        [[ -z $_SVC_PG_PORT_GIVEN ]] || port_taken COORDINATION_PG_PORT
+        ((tries < _SVC_PORT_TRIES)) || die "PostgreSQL: no free port from $((COORDINATION_PG_PORT - tries))"
+        info "PostgreSQL: port $COORDINATION_PG_PORT is taken by another process; trying the next one"
+        COORDINATION_PG_PORT=$((COORDINATION_PG_PORT + 1))
+    done
     _svc_register_user "$name"
     _svc_mutex_release
     on_exit _stop_postgres
 
+    export COORDINATION_PG_PORT
     export COORDINATION_TEST_DATABASE_URL="postgres://coordination@127.0.0.1:$COORDINATION_PG_PORT/coordination"
 }
 
@@ -281,20 +331,20 @@ _stop_postgres() {
         info "PostgreSQL: left running for other users (pid ${others//$'\n'/ })"
     elif [[ "${COORDINATION_KEEP_SERVICES:-0}" == 1 ]]; then
         info "PostgreSQL: left running on port $COORDINATION_PG_PORT (COORDINATION_KEEP_SERVICES=1)"
-    elif [[ -n $_PG_DATA ]]; then
+    else
+        # Ours (started here, or proven by _pg_ours): the last user out stops it.
         kind=$(cat "$_PG_DATA/$_SVC_MARKER" 2>/dev/null || true)
-        if [[ $_PG_STARTED == 1 || -n $kind ]]; then
-            owner=$(stat -c %U "$_PG_DATA" 2>/dev/null || echo "")
-            if [[ -n $owner && ($EUID -eq 0 || $owner == "$(id -un)") ]]; then
-                _PG_OWNER=$owner
-                info "PostgreSQL: stopping"
-                _pg_as_owner "$_PG_BIN/pg_ctl" -D "$_PG_DATA" -m fast -w -t 60 -s stop \
-                    {_SVC_MUTEX_FD}<&- >/dev/null ||
-                    info "PostgreSQL: pg_ctl stop failed (data $_PG_DATA)"
-                root=$(dirname "$_PG_DATA")
-                if [[ $kind == ephemeral && $root == "${TMPDIR:-/tmp}"/coordination-pg.* ]]; then
-                    rm -rf -- "$root"
-                fi
+        owner=$(stat -c %U "$_PG_DATA" 2>/dev/null || echo "")
+        if [[ -n $owner && ($EUID -eq 0 || $owner == "$(id -un)") ]]; then
+            _PG_OWNER=$owner
+            info "PostgreSQL: stopping"
+            _pg_as_owner "$_PG_BIN/pg_ctl" -D "$_PG_DATA" -m fast -w -t 60 -s stop \
+                {_SVC_MUTEX_FD}<&- >/dev/null ||
+                info "PostgreSQL: pg_ctl stop failed (data $_PG_DATA)"
+            _svc_forget_server "$name"
+            root=$(dirname "$_PG_DATA")
+            if [[ $kind == ephemeral && $root == "${TMPDIR:-/tmp}"/coordination-pg.* ]]; then
+                rm -rf -- "$root"
             fi
         fi
     fi
@@ -305,6 +355,39 @@ _stop_postgres() {
 
 _redis_ping() {
     [[ "$(redis-cli -h 127.0.0.1 -p "$COORDINATION_REDIS_PORT" ping 2>/dev/null)" == PONG ]]
+}
+
+_redis_pid() { # the pid of the Redis answering on the port
+    redis-cli -h 127.0.0.1 -p "$COORDINATION_REDIS_PORT" info server 2>/dev/null |
+        sed -n 's/^process_id:\([0-9]*\).*/\1/p'
+}
+
+# _redis_ours: the Redis on the port is the one these scripts recorded.
+_redis_ours() {
+    local pid
+    pid=$(_svc_recorded_pid "redis-$COORDINATION_REDIS_PORT") || return 1
+    [[ "$(_redis_pid)" == "$pid" ]]
+}
+
+_redis_start_new() {
+    local dir="$REPO_ROOT/var/redis" logfile i
+    [[ $COORDINATION_REDIS_PORT == 63799 ]] || dir+="-$COORDINATION_REDIS_PORT"
+    mkdir -p "$dir"
+    logfile="$dir/coordination-test-redis.log"
+    info "Redis: starting on 127.0.0.1:$COORDINATION_REDIS_PORT (log $logfile)"
+    # shellcheck disable=SC2094 # stdout catches errors from before the log file is open
+    setsid redis-server --port "$COORDINATION_REDIS_PORT" --bind 127.0.0.1 \
+        --save '' --appendonly no --daemonize no \
+        --dir "$dir" --pidfile "$dir/redis.pid" --logfile "$logfile" \
+        {_SVC_MUTEX_FD}<&- </dev/null >>"$logfile" 2>&1 &
+    _REDIS_PID=$!
+    _REDIS_STARTED=1
+    for ((i = 0; i < 100; i++)); do
+        _redis_ping && return 0
+        sleep 0.1
+    done
+    tail -n 20 "$logfile" >&2 2>/dev/null
+    die "Redis failed to start on port $COORDINATION_REDIS_PORT (log: $logfile)"
 }
 
 start_redis() {
@@ -320,39 +403,31 @@ start_redis() {
        or point COORDINATION_TEST_REDIS_URL at a Redis you already run."
     command -v flock >/dev/null || die "flock missing: apt-get install util-linux"
 
-    local name="redis-$COORDINATION_REDIS_PORT" dir="$REPO_ROOT/var/redis" i logfile
-    _svc_mutex_acquire "$name"
+    local name tries
     _REDIS_STARTED=0
-    _REDIS_OURS=0
-    if _redis_ping; then
-        logfile=$(redis-cli -h 127.0.0.1 -p "$COORDINATION_REDIS_PORT" config get logfile 2>/dev/null | tail -n 1)
-        [[ $logfile == */coordination-test-redis.log ]] && _REDIS_OURS=1
-        info "Redis: reusing the server already running on port $COORDINATION_REDIS_PORT"
-    else
-        mkdir -p "$dir"
-        logfile="$dir/coordination-test-redis.log"
-        info "Redis: starting on 127.0.0.1:$COORDINATION_REDIS_PORT (log $logfile)"
-        # shellcheck disable=SC2094 # stdout catches errors from before the log file is open
-        setsid redis-server --port "$COORDINATION_REDIS_PORT" --bind 127.0.0.1 \
-            --save '' --appendonly no --daemonize no \
-            --dir "$dir" --pidfile "$dir/redis.pid" --logfile "$logfile" \
-            {_SVC_MUTEX_FD}<&- </dev/null >>"$logfile" 2>&1 &
-        _REDIS_PID=$!
-        _REDIS_STARTED=1
-        _REDIS_OURS=1
-        for ((i = 0; i < 100; i++)); do
-            _redis_ping && break
-            sleep 0.1
-        done
-        if ! _redis_ping; then
-            tail -n 20 "$logfile" >&2 2>/dev/null
-            die "Redis failed to start on port $COORDINATION_REDIS_PORT (log: $logfile)"
+    for ((tries = 0; ; tries++)); do
+        name="redis-$COORDINATION_REDIS_PORT"
+        _svc_mutex_acquire "$name"
+        if _redis_ours; then
+            info "Redis: reusing ours on port $COORDINATION_REDIS_PORT"
+            break
         fi
-    fi
+        if port_free "$COORDINATION_REDIS_PORT"; then
+            _redis_start_new
+            _svc_record_server "$name" "$(_redis_pid)"
+            break
+        fi
+        _svc_mutex_release
+        [[ -z $_SVC_REDIS_PORT_GIVEN ]] || port_taken COORDINATION_REDIS_PORT
+        ((tries < _SVC_PORT_TRIES)) || die "Redis: no free port from $((COORDINATION_REDIS_PORT - tries))"
+        info "Redis: port $COORDINATION_REDIS_PORT is taken by another process; trying the next one"
+        COORDINATION_REDIS_PORT=$((COORDINATION_REDIS_PORT + 1))
+    done
     _svc_register_user "$name"
     _svc_mutex_release
     on_exit _stop_redis
 
+    export COORDINATION_REDIS_PORT
     export COORDINATION_TEST_REDIS_URL="redis://127.0.0.1:$COORDINATION_REDIS_PORT/0"
 }
 
@@ -364,7 +439,8 @@ _stop_redis() {
         info "Redis: left running for other users (pid ${others//$'\n'/ })"
     elif [[ "${COORDINATION_KEEP_SERVICES:-0}" == 1 ]]; then
         info "Redis: left running on port $COORDINATION_REDIS_PORT (COORDINATION_KEEP_SERVICES=1)"
-    elif [[ $_REDIS_OURS == 1 ]]; then
+    else
+        # Ours (started here, or proven by _redis_ours): the last user out stops it.
         info "Redis: stopping"
         redis-cli -h 127.0.0.1 -p "$COORDINATION_REDIS_PORT" shutdown nosave >/dev/null 2>&1 || true
         for ((i = 0; i < 50; i++)); do
@@ -375,6 +451,7 @@ _stop_redis() {
             kill "$_REDIS_PID" 2>/dev/null || true
             wait "$_REDIS_PID" 2>/dev/null || true
         fi
+        _svc_forget_server "$name"
     fi
     _svc_mutex_release
 }

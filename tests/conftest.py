@@ -20,12 +20,17 @@ Two marks say why a test does not run on every leg (see tests/support/legs.py):
                                          for the reason given (e.g. a long run
                                          that gains nothing from repeating it)
 
-Without a legs mark a test runs on every leg, except in two directories
+Without a legs mark a test runs on every leg, except in three directories
 (``DEFAULT_LEGS``): tests/unit/ skips the SQLite leg (no database, and the
-same Python and Django as the pg leg), and tests/concurrency/ skips the LTS
+same Python and Django as the pg leg), tests/concurrency/ skips the LTS
 leg (threads on row locks are the database's behaviour, not Django's; the
 async tests, whose code differs between Django versions, are marked to run
-there).
+there), and tests/cluster/ runs on the pg leg only.
+
+Those skips are the legs' design. Any other skip fails the leg where every
+service is required (CI=true, bin/test): the skip budget
+(tests/support/skip_budget.py, its expected reasons in tests/support/legs.py).
+A test whose service may be missing says so with ``missing_service()``.
 """
 
 from __future__ import annotations
@@ -39,7 +44,8 @@ from django.db import connection
 
 from coordination.backends import get_backend
 
-from .support.legs import LEGS, current_leg
+from .support.legs import LEGS, POSTGRES_ONLY, current_leg, expected_skip, leg_only, services_required
+from .support.skip_budget import SkipBudget
 from .support.waiting import run_in_threads
 
 TESTS = Path(__file__).resolve().parent
@@ -50,6 +56,7 @@ KINDS = ("unit", "db", "concurrency", "processes", "browser", "cluster")
 DEFAULT_LEGS = {
     "unit": ("pg", "lts", "no database: the pg leg runs it on the same Python and Django"),
     "concurrency": ("pg", "sqlite", "threads on row locks are the database's behaviour, not Django's"),
+    "cluster": ("pg", "one Django on PostgreSQL is enough, and the cluster is slow to start"),
 }
 TIMEOUTS = {
     "unit": 60, "db": 120, "concurrency": 180, "processes": 600, "browser": 300, "cluster": 300,
@@ -66,6 +73,11 @@ def pytest_configure(config: pytest.Config) -> None:
         "cluster": "a Patroni + etcd PostgreSQL cluster (tests/cluster/)",
     }.items():
         config.addinivalue_line("markers", f"{kind}: needs {needs}; set from the directory")
+    # A leg fails on a skip it does not expect where every service is required
+    # (tests/support/skip_budget.py); every run prints its skips by reason.
+    config.pluginmanager.register(
+        SkipBudget(current_leg, expected_skip, enforce=services_required()), "coordination-skip-budget"
+    )
 
 
 def _kind(item: pytest.Item) -> str:
@@ -94,7 +106,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.timeout(TIMEOUTS[kind]))
 
         if leg == "sqlite" and item.get_closest_marker("postgres"):
-            item.add_marker(pytest.mark.skip(reason="PostgreSQL-only behaviour; this leg is SQLite"))
+            item.add_marker(pytest.mark.skip(reason=POSTGRES_ONLY))
         legs_mark = item.get_closest_marker("legs")
         if legs_mark is not None:
             wanted = legs_mark.args
@@ -105,10 +117,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                     f"{item.nodeid}: @pytest.mark.legs needs leg names from {LEGS} and a reason="
                 )
             if leg not in wanted:
-                item.add_marker(pytest.mark.skip(reason=f"runs on the {'/'.join(wanted)} leg only: {reason}"))
+                item.add_marker(pytest.mark.skip(reason=leg_only(wanted, reason)))
         elif kind in DEFAULT_LEGS and leg not in DEFAULT_LEGS[kind][:-1]:
             *wanted, reason = DEFAULT_LEGS[kind]
-            item.add_marker(pytest.mark.skip(reason=f"runs on the {'/'.join(wanted)} leg only: {reason}"))
+            item.add_marker(pytest.mark.skip(reason=leg_only(wanted, reason)))
 
 
 @pytest.fixture

@@ -11,16 +11,31 @@ import pytest
 from django.core.management import call_command
 from django.db import connections
 
+from project.lab.chaos.patroni import NODES, PatroniCluster
 from tests.support.cluster import CLUSTER_ALIAS, Cluster, database_settings, missing_parts
-from tests.support.legs import current_leg, missing_service
+from tests.support.legs import missing_service
+from tests.support.ports import free_port, taken
 
 
 @pytest.fixture(scope="session")
-def cluster(django_db_setup: Any, django_db_blocker: Any) -> Iterator[Cluster]:
+def squatted_port() -> Iterator[int | None]:
+    """A port where the cluster would put node 2's PostgreSQL, held for the session
+    by a plain listening socket, as on a machine that runs another PostgreSQL
+    there: bin/cluster.sh must go past it (tests/cluster/test_ports.py). None when
+    COORDINATION_HA_PG_PORT gives the ports."""
+    if os.environ.get("COORDINATION_HA_PG_PORT"):
+        yield None
+        return
+    first = free_port(PatroniCluster().ports["PG_PORT"], len(NODES))
+    with taken(first + 1):
+        yield first + 1
+
+
+@pytest.fixture(scope="session")
+def cluster(django_db_setup: Any, django_db_blocker: Any, squatted_port: int | None) -> Iterator[Cluster]:
     """The running cluster, migrated, as the ``cluster`` alias; stopped at the end
-    (left running with COORDINATION_KEEP_SERVICES=1, as bin/test leaves its servers)."""
-    if current_leg() != "pg":
-        pytest.skip("the cluster tests run on the pg leg only: one Django and PostgreSQL is enough")
+    (left running with COORDINATION_KEEP_SERVICES=1, as bin/test leaves its servers).
+    It is started with a port it would otherwise take held by another process."""
     missing = missing_parts()
     if missing is not None:
         missing_service(missing)

@@ -1,8 +1,8 @@
 """The bench's etcd peer against a real etcd: its lock refuses a held key and
 grants a free one, and a peer that cannot run is skipped with a reason.
 
-etcd is optional for the bench and for this file: without the binary the etcd
-test is skipped (never failed), as the bench skips the peer.
+etcd is optional for the bench, not for the suite: bin/test installs it (the
+cluster tests need it too), and without it the etcd test is a missing service.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from project.lab import benchmarks
+from tests.support.legs import missing_service
 
 pytestmark = pytest.mark.legs(
     "pg", reason="the peers need no database; once is enough"
@@ -36,7 +37,7 @@ def _free_port() -> int:
 def etcd_url(tmp_path: Path) -> Iterator[str]:
     binary = shutil.which("etcd")
     if binary is None:
-        pytest.skip("etcd is not installed (an optional peer of the bench)")
+        missing_service("etcd (apt-get install etcd-server)")
     client, peer = _free_port(), _free_port()
     url = f"http://127.0.0.1:{client}"
     server = subprocess.Popen(

@@ -44,6 +44,7 @@ class Cluster(PatroniCluster):
 
     def start(self) -> None:
         self.script("start")
+        self._ports = None  # a new cluster may be on other ports than asked before
 
     def stop(self) -> None:
         self.script("stop", timeout=120)

@@ -17,12 +17,38 @@ from django.db import connection
 
 LEGS = ("pg", "sqlite", "lts")
 
+# Why the SQLite leg skips a @pytest.mark.postgres test.
+POSTGRES_ONLY = "PostgreSQL-only behaviour; this leg is SQLite"
+# Skips that are a leg's design besides the marks (which say "runs on the
+# ... leg only: why", see leg_only): what one Django version has and the other
+# lacks. A skip for any other reason fails the leg where services are required
+# (tests/support/skip_budget.py); a new kind of planned skip is added here.
+EXPECTED_SKIPS: dict[str, tuple[str, ...]] = {
+    "pg": ("this Django has django.tasks",),
+    "sqlite": (POSTGRES_ONLY, "this Django has django.tasks"),
+    "lts": ("django.tasks is Django 6.0+",),
+}
+
 
 def current_leg() -> str:
     """``"sqlite"``, ``"pg"`` (PostgreSQL on Django 6+) or ``"lts"`` (PostgreSQL on 5.2)."""
     if connection.vendor == "sqlite":
         return "sqlite"
     return "pg" if django.VERSION >= (6, 0) else "lts"
+
+
+def leg_only(wanted: tuple[str, ...] | list[str], reason: str) -> str:
+    """The skip reason of a test that runs on the ``wanted`` legs only."""
+    return f"runs on the {'/'.join(wanted)} leg only: {reason}"
+
+
+def expected_skip(leg: str, reason: str) -> bool:
+    """Whether a skip for ``reason`` is the design of ``leg``: the test runs on
+    other legs only (:func:`leg_only`), or the reason is on the leg's list."""
+    if reason.startswith("runs on the ") and " leg only: " in reason:
+        wanted = reason.removeprefix("runs on the ").split(" leg only: ", 1)[0].split("/")
+        return leg not in wanted
+    return reason in EXPECTED_SKIPS.get(leg, ())
 
 
 def services_required() -> bool:
@@ -35,7 +61,11 @@ def services_required() -> bool:
 
 
 def missing_service(what: str) -> NoReturn:
-    """Skip the test because ``what`` is missing; fail it where services are required."""
+    """Skip the test because ``what`` is missing; fail it where services are required.
+
+    Every test that needs a service it may not find (a server, a binary, a
+    browser) says so through this function, never with a plain ``pytest.skip``:
+    a missing service must not pass unnoticed in CI."""
     if services_required():
         pytest.fail(
             f"{what} is missing, and this run requires every service "

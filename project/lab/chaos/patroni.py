@@ -98,14 +98,35 @@ class Member:
 
 
 class PatroniCluster:
-    """The running cluster of bin/cluster.sh (its ports from the same environment
-    variables): members, the multi-host database settings, and the faults."""
+    """The running cluster of bin/cluster.sh: members, the multi-host database
+    settings, and the faults. Its ports are the ones bin/cluster.sh chose when it
+    started the cluster (``bin/cluster.sh ports``), read once when first needed."""
 
     def __init__(self) -> None:
-        self.rest_port = int(os.environ.get("COORDINATION_HA_REST_PORT", "8031"))
-        self.pg_port = int(os.environ.get("COORDINATION_HA_PG_PORT", "55431"))
-        self.etcd_port = int(os.environ.get("COORDINATION_HA_ETCD_PORT", "23790"))
         self._root: Path | None = None
+        self._ports: dict[str, int] | None = None
+
+    @property
+    def ports(self) -> dict[str, int]:
+        """``ETCD_PORT``, ``REST_PORT`` (node 1's; node N's is N - 1 more) and
+        ``PG_PORT`` (likewise) of the cluster; before a start, the ports it would try
+        first. Raises PatroniError if bin/cluster.sh cannot say."""
+        if self._ports is None:
+            lines = self.script("ports").split()
+            self._ports = {name: int(value) for name, value in (line.split("=", 1) for line in lines)}
+        return self._ports
+
+    @property
+    def rest_port(self) -> int:
+        return self.ports["REST_PORT"]
+
+    @property
+    def pg_port(self) -> int:
+        return self.ports["PG_PORT"]
+
+    @property
+    def etcd_port(self) -> int:
+        return self.ports["ETCD_PORT"]
 
     # --- inspecting ---------------------------------------------------------------
 

@@ -1,0 +1,114 @@
+"""The scripts that start servers take free ports and use nothing they did not
+start: with another program listening on the port a script would take (the
+default, unless something holds it already; a plain socket here) the private
+Redis and the bench's etcd start on another port and work, and a taken port
+the caller names fails at once, before anything starts.
+
+Each script runs with a lock directory (or peers directory) of its own, so
+no server of another run counts as ours.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from project.lab import benchmarks
+from tests.support.legs import missing_service
+from tests.support.ports import free_port, taken
+
+pytestmark = pytest.mark.legs("pg", reason="the scripts need no database; once is enough")
+
+REPO = Path(__file__).resolve().parents[2]
+# The scripts' defaults (bin/services.sh, bin/bench-peers.sh).
+REDIS_DEFAULT, BENCH_ETCD_DEFAULT = 63799, 23850
+# What names a port or a server to the scripts; a test gives none of it unless it says.
+PORT_VARIABLES = (
+    "COORDINATION_PG_PORT", "COORDINATION_REDIS_PORT", "COORDINATION_TEST_DATABASE_URL",
+    "COORDINATION_TEST_REDIS_URL", "COORDINATION_KEEP_SERVICES", "COORDINATION_HA_ETCD_PORT",
+    "COORDINATION_HA_REST_PORT", "COORDINATION_HA_PG_PORT", "COORDINATION_BENCH_ETCD_PORT",
+    "COORDINATION_BENCH_ZOOKEEPER_PORT",
+)
+
+
+def script_env(**extra: str) -> dict[str, str]:
+    env = {name: value for name, value in os.environ.items() if name not in PORT_VARIABLES}
+    return {**env, **extra}
+
+
+def bash(script: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", "-c", script], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
+def test_redis_starts_past_a_port_another_program_listens_on(tmp_path: Path) -> None:
+    if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
+        missing_service("redis-server and redis-cli (apt-get install redis-server)")
+    env = script_env(COORDINATION_SERVICES_LOCK_DIR=str(tmp_path))
+    first = free_port(REDIS_DEFAULT)  # the default, on a machine where nothing holds it
+    with taken(first):
+        done = bash(
+            'source bin/services.sh && start_redis && echo "$COORDINATION_REDIS_PORT $(_redis_pid)" '
+            '&& cat "$COORDINATION_SERVICES_LOCK_DIR/redis-$COORDINATION_REDIS_PORT.server" '
+            '&& redis-cli -p "$COORDINATION_REDIS_PORT" set seen yes '
+            '&& redis-cli -u "$COORDINATION_TEST_REDIS_URL" get seen',
+            env,
+        )
+    assert done.returncode == 0, done.stderr
+    chosen, pid, recorded_pid, _start_time, *answers = done.stdout.split()
+    assert int(chosen) != first and int(chosen) >= REDIS_DEFAULT
+    assert pid == recorded_pid  # the Redis there is the one the script started
+    assert answers == ["OK", "yes"]  # it works, on the port it exported
+    assert free_port(int(chosen)) == int(chosen)  # and the last user out stopped it
+
+
+def test_a_taken_port_the_caller_names_fails_the_start_at_once(tmp_path: Path) -> None:
+    port = free_port(40000)
+    with taken(port):
+        for script, variable in (
+            ("source bin/services.sh && start_redis", "COORDINATION_REDIS_PORT"),
+            ("source bin/services.sh && start_postgres", "COORDINATION_PG_PORT"),
+            ("bin/cluster.sh start", "COORDINATION_HA_ETCD_PORT"),
+            ("bin/bench-peers.sh start", "COORDINATION_BENCH_ZOOKEEPER_PORT"),
+        ):
+            started = time.monotonic()
+            done = bash(script, script_env(**{
+                variable: str(port), "COORDINATION_SERVICES_LOCK_DIR": str(tmp_path / "locks"),
+                "COORDINATION_HA_DIR": str(tmp_path / "ha"),
+                "COORDINATION_BENCH_PEERS_DIR": str(tmp_path / "peers"),
+            }), timeout=60)
+            assert done.returncode != 0, f"{script}: {done.stderr}"
+            assert f"port {port}" in done.stderr and variable in done.stderr, done.stderr
+            # Refused before anything was started: no waiting on a server that cannot bind.
+            assert time.monotonic() - started < 20, f"{script} took {time.monotonic() - started:.0f} s"
+    assert not (tmp_path / "ha" / "etcd.pid").exists()
+    assert not list((tmp_path / "peers").glob("*.pid"))
+
+
+def test_the_bench_etcd_starts_past_a_port_another_program_listens_on_and_answers() -> None:
+    if shutil.which("etcd") is None:
+        missing_service("etcd (apt-get install etcd-server)")
+    # Not under pytest's tmp_path: as root, etcd runs as the etcd user, who
+    # must reach the directory (the script removes it on stop).
+    peers = Path(tempfile.mkdtemp(prefix="coordination-bench-peers-test-"))
+    peers.chmod(0o755)
+    env = script_env(COORDINATION_BENCH_PEERS_DIR=str(peers))
+    first = free_port(BENCH_ETCD_DEFAULT, 2)  # its client port, the peer port after it
+    with taken(first):
+        done = bash("bin/bench-peers.sh start", env)
+    try:
+        assert done.returncode == 0, done.stderr
+        exports = dict(line.removeprefix("export ").split("=", 1) for line in done.stdout.splitlines())
+        url = exports["COORDINATION_BENCH_ETCD_URL"]
+        assert int(url.rsplit(":", 1)[1]) not in (first - 1, first)  # neither of its ports is the taken one
+        assert benchmarks.etcd_available(url) is None  # the bench's own check: it answers
+        assert bash("bin/bench-peers.sh env", env).stdout == done.stdout  # recorded for later scripts
+    finally:
+        bash("bin/bench-peers.sh stop", env)
+        shutil.rmtree(peers, ignore_errors=True)
