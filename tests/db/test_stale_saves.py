@@ -404,3 +404,30 @@ def test_a_row_never_fenced_leaves_no_tombstone() -> None:
     Account.objects.create(pk=pk, owner="again")
     assert not tombstones(pk).exists()
     assert stored(Account(pk=pk))[:2] == (0, 0)
+
+
+def test_the_watermark_field_joins_an_admin_with_its_own_fields(rf: Any, admin_user: Any) -> None:
+    from django.contrib import admin
+    from django.contrib.admin.utils import flatten_fieldsets
+
+    from coordination.admin import FencedModelAdmin
+
+    class OwnerOnly(FencedModelAdmin):
+        fields = ["owner"]
+
+    account = AccountFactory(owner="ann")
+    fenced_write(account, "20.00")
+    account.refresh_from_db()
+    model_admin = OwnerOnly(Account, admin.site)
+    request = rf.get("/")
+    request.user = admin_user
+
+    fieldsets = model_admin.get_fieldsets(request, account)
+    form = model_admin.get_form(request, account, fields=flatten_fieldsets(fieldsets))(
+        instance=account
+    )
+
+    assert flatten_fieldsets(fieldsets) == ["owner", WATERMARK_FIELD]
+    assert list(form.fields) == ["owner", WATERMARK_FIELD]
+    assert form[WATERMARK_FIELD].value() == f"{account.fence},1"
+    assert WATERMARK_FIELD not in model_admin.get_form(request, None)().fields
