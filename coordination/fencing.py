@@ -466,6 +466,36 @@ class _Admits(Expression):
         return sql, tuple(params)
 
 
+class _NotAbove(Expression):
+    """The rows a plain ``save()`` may write: ``(fence, fence_step) <= (token, step)``,
+    the watermark the instance carries, as one row comparison (cheaper to
+    compile on every save than the equivalent Q tree, as :class:`_Admits`)."""
+
+    output_field = models.BooleanField()
+
+    def __init__(self, model: type[models.Model], token: int, step: int, alias: str | None) -> None:
+        super().__init__()
+        self.columns = _fence_columns(model)
+        self.params = (token, step)
+        self.alias = alias
+
+    def resolve_expression(self, *args: Any, **kwargs: Any) -> _NotAbove:
+        return self
+
+    def relabeled_clone(self, change_map: Mapping[str, str]) -> _NotAbove:
+        clone = copy.copy(self)
+        if clone.alias is not None:
+            clone.alias = change_map.get(clone.alias, clone.alias)
+        return clone
+
+    def as_sql(self, compiler: Any, connection: Any) -> tuple[str, tuple[Any, ...]]:
+        quote = connection.ops.quote_name
+        quote_alias = getattr(compiler, "quote_name", None) or compiler.quote_name_unless_alias
+        table = f"{quote_alias(self.alias)}." if self.alias else ""
+        fence, step = (table + quote(column) for column in self.columns)
+        return f"({fence}, {step}) <= (%s, %s)", self.params
+
+
 def _admits_sql(
     table: str, quote: Callable[[str], str], fence_columns: tuple[str, str],
     bound_columns: Sequence[str],
@@ -692,7 +722,12 @@ class FencedModel(models.Model):
                 base_qs, using, pk_val, values, update_fields, forced_update, *args
             )
         token, step = self.carried_watermark()
-        guarded = base_qs.filter(Q(fence__lt=token) | Q(fence=token, fence_step__lte=step))
+        if _own_watermark(model) is None:  # a multi-table child: its parent's row, joined
+            guarded = base_qs.filter(Q(fence__lt=token) | Q(fence=token, fence_step__lte=step))
+        else:
+            guarded = base_qs.all()
+            query = guarded.query
+            query.where.add(_NotAbove(model, token, step, query.get_initial_alias()), AND)
         updated = super()._do_update(
             guarded, using, pk_val, values, update_fields, forced_update, *args
         )
@@ -761,21 +796,32 @@ class FencedModel(models.Model):
         # before: the database then starts it at the deleted row's watermark
         # (a tombstone), and the instance must carry that one, or its next
         # save() would be refused as stale. A key the database picks is new.
-        chosen = self.pk is not None and not raw and _has_watermark(manager.model)
+        marks = _own_watermark(manager.model)
+        if raw or self.pk is None or marks is None:
+            return super()._do_insert(manager, using, fields, returning_fields, raw)  # type: ignore[misc]
+        connection = connections[using]
+        if (
+            watermarks.insert_returns_restored(connection)
+            and connection.features.can_return_columns_from_insert
+        ):
+            # The INSERT returns the watermark the trigger started the row at.
+            asked = [*returning_fields, *(field for field in marks if field not in returning_fields)]
+            result = super()._do_insert(manager, using, fields, asked, raw)  # type: ignore[misc]
+            returned = dict(zip(asked, result[0], strict=True))
+            self.fence, self.fence_step = returned[marks[0]], returned[marks[1]]
+            return [tuple(returned[field] for field in returning_fields)]
         result = super()._do_insert(manager, using, fields, returning_fields, raw)  # type: ignore[misc]
-        if not chosen:
-            return result
         found = manager.using(using).filter(pk=self.pk).values_list("fence", "fence_step").first()
         if found is None:
             return result
         self.fence, self.fence_step = found
-        # Django assigns what the INSERT returned after this; on SQLite that is the
-        # row before its AFTER INSERT trigger restored the watermark.
+        # Django assigns what the INSERT returned after this, which (SQLite) is
+        # the row before its AFTER INSERT trigger restored the watermark.
         if result and returning_fields:
-            read = dict(zip(("fence", "fence_step"), found, strict=True))
+            read = dict(zip(marks, found, strict=True))
             result = [
                 tuple(
-                    read.get(field.attname, value)
+                    read.get(field, value)
                     for field, value in zip(returning_fields, result[0], strict=False)
                 ),
                 *result[1:],
@@ -811,6 +857,18 @@ def _has_watermark(model: type[models.Model]) -> bool:
     except FieldDoesNotExist:
         return False
     return True
+
+
+@cache
+def _own_watermark(model: type[models.Model]) -> tuple[models.Field[Any, Any], ...] | None:
+    """The watermark fields (fence, fence_step) if ``model``'s own table holds them."""
+    if not _has_watermark(model):
+        return None
+    meta = model._meta
+    fields = (meta.get_field("fence"), meta.get_field("fence_step"))
+    if any(getattr(field, "model", None) is not model for field in fields):
+        return None
+    return cast("tuple[models.Field[Any, Any], ...]", fields)
 
 
 def lock_binding(model: type[models.Model], key: str) -> dict[str, str] | None:

@@ -65,12 +65,14 @@ from django.db import connections, models, router, transaction
 from django.db.backends.utils import truncate_name
 
 __all__ = [
+    "HIGHEST_STEP",
     "KEPT",
     "MUST_RISE",
     "NOT_LOWERED",
     "RESTORED",
     "Refusal",
     "Watermark",
+    "insert_returns_restored",
     "install",
     "install_after_migrate",
     "install_for_models",
@@ -435,6 +437,15 @@ def install_after_migrate(
         out.write(f"  Watermark triggers installed or replaced: {', '.join(changed)}\n")
 
 
+def insert_returns_restored(connection: Any) -> bool:
+    """Whether an ``INSERT ... RETURNING`` on ``connection`` returns the watermark the
+    tombstone trigger started the row at: yes where the trigger changes the row
+    before it is written (PostgreSQL), no where it updates it afterwards
+    (SQLite: the caller reads the row again)."""
+    backend = _backend(connection)
+    return backend is not None and backend.restores_before_insert
+
+
 def refusal(error: BaseException) -> Refusal | None:
     """What a watermark trigger refused, if ``error`` is such a refusal; else None."""
     diag = getattr(error.__cause__, "diag", None)
@@ -480,6 +491,8 @@ def readable_after_refusal(using: str) -> Iterator[None]:
 
 
 class _Backend:
+    restores_before_insert = False
+
     def __init__(self, connection: Any) -> None:
         self.connection = connection
         self.quote = connection.ops.quote_name
@@ -524,6 +537,8 @@ class _Backend:
 
 
 class _PostgreSQL(_Backend):
+    restores_before_insert = True
+
     # The fingerprint of a trigger's definition is kept as its comment: the
     # server only keeps a normalised form of the statement.
     def trigger(self, watermark: Watermark, rule: str) -> str:
