@@ -31,13 +31,24 @@ from urllib.parse import urlencode
 
 import django
 from django import forms
+from django.apps import apps as django_apps
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.utils import flatten_fieldsets, unquote
 from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
-from django.db.models import Count, Model, OuterRef, QuerySet, Subquery
-from django.db.models.functions import Coalesce
+from django.db.models import (
+    CharField,
+    Count,
+    Expression,
+    Model,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    Value,
+)
+from django.db.models.functions import Coalesce, Concat
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
@@ -47,6 +58,7 @@ from django.utils.translation import ngettext
 
 from . import access, dashboard, documents, fencing, locks
 from .conf import app_settings
+from .election import ROLE_PREFIX
 from .exceptions import InvalidInput, StaleInstance, StaleToken, UnfencedWrite
 from .models import (
     KEY_MAX_LENGTH,
@@ -65,7 +77,6 @@ from .models import (
     Rejection,
     Role,
     TokenFloor,
-    Tombstone,
     UnfencedSave,
     validate_key,
 )
@@ -132,11 +143,33 @@ class FencedModelAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     reason. The list's editable columns save the rows as the POST finds them:
     they are not checked against the page. Subclass it as you would
     ``admin.ModelAdmin``.
+
+    Access rules apply as on the app's own pages: a user limited by rules sees
+    the rows whose lock key (``fence_lock``) their rules let them read, and
+    changes or deletes only those they may also write with.
     """
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        rows = super().get_queryset(request)
+        return _readable(request, rows, fencing.lock_key_expression(self.model))
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return super().has_change_permission(request, obj) and self._writable(request, obj)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return super().has_delete_permission(request, obj) and self._writable(request, obj)
+
+    def _writable(self, request: HttpRequest, obj: Any) -> bool:
+        return obj is None or access.for_request(request).allows("write", fencing.lock_key_of(obj))
 
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
         fieldsets = super().get_fieldsets(request, obj)
-        if obj is None or WATERMARK_FIELD in flatten_fieldsets(fieldsets):
+        # Only a form that can be saved carries it (a view-only page shows fields
+        # read-only, and this one has nothing to show).
+        if (
+            obj is None or WATERMARK_FIELD in flatten_fieldsets(fieldsets)
+            or not self.has_change_permission(request, obj)
+        ):
             return fieldsets
         return [*fieldsets, (None, {"fields": [WATERMARK_FIELD]})]
 
@@ -228,9 +261,21 @@ def _has_perm(request: HttpRequest, codename: str) -> bool:
     return request.user.has_perm(f"coordination.{codename}")
 
 
-def _readable(request: HttpRequest, rows: QuerySet[Any], field: str) -> QuerySet[Any]:
-    """``rows`` of the lock keys (column ``field``) the user's access rules let them read."""
-    return access.for_request(request).filter(rows, "read", field)
+def _readable(request: HttpRequest, rows: QuerySet[Any], key: str | Expression) -> QuerySet[Any]:
+    """``rows`` of the lock keys the user's access rules let them read.
+
+    ``key`` is the row's lock key: a field lookup (``"lock__key"``) or an
+    expression computing it. Every admin of the app filters its rows here, in
+    ``get_queryset``, so its list, change and history pages, its actions (they
+    run on the list's rows), list filters, date drill-down and autocomplete
+    see the same rows.
+    """
+    rules = access.for_request(request)
+    if not rules.limited:
+        return rows
+    if not isinstance(key, str):
+        rows, key = rows.alias(coordination_rules_key=key), "coordination_rules_key"
+    return rules.filter(rows, "read", key)
 
 
 def _require_rules(request: HttpRequest, action: str, keys: Sequence[str]) -> None:
@@ -771,9 +816,16 @@ class RejectionAdmin(HistoryAdmin):
 class UnfencedSaveAdmin(HistoryAdmin):
     """Saves of stale instances an operator let through with ``coordination.unfenced()``."""
 
-    list_display = ["created_at", "resource", "by", "reason", "carried", "watermark"]
-    search_fields = ["resource", "by", "reason"]
+    list_display = ["created_at", "resource", "lock", "by", "reason", "carried", "watermark"]
+    search_fields = ["resource", "lock_key", "by", "reason"]
     date_hierarchy = "created_at"
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[UnfencedSave]:
+        return _readable(request, super().get_queryset(request), "lock_key")
+
+    @admin.display(description=_("lock"), ordering="lock_key")
+    def lock(self, row: UnfencedSave) -> str:
+        return _timeline_link(row.lock_key)
 
     @admin.display(description=_("instance's watermark (token, step)"))
     def carried(self, row: UnfencedSave) -> str:
@@ -782,15 +834,6 @@ class UnfencedSaveAdmin(HistoryAdmin):
     @admin.display(description=_("row's watermark, kept (token, step)"))
     def watermark(self, row: UnfencedSave) -> str:
         return f"{row.watermark_token}, {row.watermark_step}"
-
-
-@admin.register(Tombstone)
-class TombstoneAdmin(HistoryAdmin):
-    """Watermarks of deleted fenced rows, which a row inserted again starts above."""
-
-    list_display = ["deleted_at", "table_name", "row_pk", "fence", "fence_step"]
-    list_filter = ["table_name"]
-    search_fields = ["table_name", "row_pk"]
 
 
 @admin.register(AcceptedWrite)
@@ -1005,6 +1048,15 @@ class AccessRuleAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         context = {"subtitle": _rules_in_force(), **(extra_context or {})}
         return super().changelist_view(request, context)
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet[AccessRule]:
+        # Rules name keys and who holds them: a user limited by rules sees only
+        # the rules that apply to them (their own and their groups').
+        rows = super().get_queryset(request)
+        if not access.for_request(request).limited:
+            return rows
+        user = request.user
+        return rows.filter(Q(user_id=user.pk) | Q(group__in=user.groups.values("pk")))
+
     def get_search_fields(self, request: HttpRequest) -> list[str]:
         username = get_user_model().USERNAME_FIELD
         return ["pattern", f"user__{username}", "group__name"]
@@ -1030,7 +1082,7 @@ class RoleAdmin(HistoryAdmin):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Role]:
         rows = super().get_queryset(request).filter(key__startswith="election:")
-        return cast("QuerySet[Role]", rows.annotate(db_now=DatabaseNow()))
+        return cast("QuerySet[Role]", _readable(request, rows.annotate(db_now=DatabaseNow()), "key"))
 
     def _leading(self, role: Role) -> bool:
         now = getattr(role, "db_now", None) or locks.database_now()
@@ -1110,9 +1162,10 @@ class BeatSlotAdmin(HistoryAdmin):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[BeatSlot]:
         lost = BeatSlot.objects.lost().filter(pk=OuterRef("pk")).values("pk")[:1]
-        return cast(
-            "QuerySet[BeatSlot]", super().get_queryset(request).annotate(lost_pk=Subquery(lost))
-        )
+        rows = super().get_queryset(request).annotate(lost_pk=Subquery(lost))
+        # A slot belongs to its role's lock, election:<role>.
+        role_key = Concat(Value(ROLE_PREFIX), "role", output_field=CharField())
+        return cast("QuerySet[BeatSlot]", _readable(request, rows, role_key))
 
     @admin.display(description=_("state"))
     def state(self, slot: BeatSlot) -> str:
@@ -1130,3 +1183,61 @@ def _duration(seconds: float) -> str:
         return f"{seconds:.1f} s"
     return str(dt.timedelta(seconds=round(seconds)))
 
+
+
+# --- API tokens ------------------------------------------------------------------------
+
+
+def _replace_token_admin(site: admin.AdminSite) -> None:
+    """Put :class:`TokenAdmin` in place of DRF's own token admin on ``site``.
+
+    DRF's shows every token key in full to anyone with ``view_tokenproxy``, one
+    of "all view permissions", and a key is a password: whoever reads it acts as
+    its user. Its admin module is imported first here, so the replacement holds
+    whatever the order of ``INSTALLED_APPS``.
+    """
+    import rest_framework.authtoken.admin as stock
+    from rest_framework.authtoken.models import TokenProxy
+
+    class TokenAdmin(stock.TokenAdmin):
+        """Who has an API token, since when: a list without keys, nothing more.
+
+        Keys are masked (their first four characters, enough to tell tokens
+        apart in a conversation), and users other than superusers see only
+        their own token, whatever their permissions on tokens. No page shows
+        one token: Django's change, history and delete pages, and the admin log
+        a deletion writes, name a token by its key. Tokens are created, rotated
+        and revoked with ``manage.py drf_create_token`` (docs/security.md).
+        """
+
+        list_display = ("masked_key", "user", "created")
+        list_display_links = None
+
+        def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+            rows = super().get_queryset(request)
+            user = request.user
+            return rows if user.is_superuser else rows.filter(user_id=user.pk)
+
+        def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+            return obj is None and super().has_view_permission(request)
+
+        def has_add_permission(self, request: HttpRequest) -> bool:
+            return False
+
+        def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+            return False
+
+        def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+            return False
+
+        @admin.display(description=_("key"))
+        def masked_key(self, token: Any) -> str:
+            return f"{token.key[:4]}\u2026"
+
+    if site.is_registered(TokenProxy):
+        site.unregister(TokenProxy)
+    site.register(TokenProxy, TokenAdmin)
+
+
+if django_apps.is_installed("rest_framework.authtoken"):
+    _replace_token_admin(admin.site)

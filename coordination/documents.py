@@ -11,6 +11,7 @@ document to its grant's lock key; a grant of another key is refused with
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from django.db import transaction
@@ -49,6 +50,7 @@ def put_document(
     *,
     step: int | None = None,
     using: str | None = None,
+    key_check: Callable[[str], None] | None = None,
 ) -> Document:
     """Write ``data`` as document ``name`` if ``grant`` passes the document's fence.
 
@@ -57,12 +59,15 @@ def put_document(
     token already wrote this step; pass increasing ``step`` numbers for several
     writes under one token), ``WrongLock`` (the document is guarded by another
     lock key) or ``LeaseLost``; each refusal is recorded as a Rejection.
+    ``key_check(lock_key)`` runs on the key the document is bound to, under the
+    fence's row lock and before those checks (see :func:`coordination.fencing.fence`):
+    what it raises is raised, nothing is written and nothing recorded.
     Returns the stored document with its fence loaded.
     """
     resource = document_resource(name)
     alias = using or app_settings.DATABASE
     documents = Document.objects.using(alias)
-    with fencing.fence(resource, grant, step=step, using=alias) as row:
+    with fencing.fence(resource, grant, step=step, using=alias, key_check=key_check) as row:
         # The fence row is locked until commit, so writers of one document are
         # serialised here and the create below cannot race another create.
         if not documents.filter(name=name).update(data=data, updated_at=DatabaseNow()):

@@ -2,25 +2,75 @@
 
 Every error is a :class:`CoordinationError` with a stable ``code`` (used
 unchanged by the REST layer and in logs) and an HTTP ``status_code``.
+
+Every error can be built again from its ``args``, so it crosses process
+boundaries with its class and fields: pickle calls ``type(error)(*error.args)``,
+and so does Celery when it reads a failure back from a JSON result backend
+(``AsyncResult.get()`` raises the same class, with the same fields, as the
+task raised). ``args`` are the arguments the error was constructed with, not
+its message; ``str(error)`` is the message.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+import inspect
+from collections.abc import Mapping
+from typing import Any, Self
+
+_REPLAYABLE_KINDS = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
 
 class CoordinationError(Exception):
-    """Base class of every error raised by coordination."""
+    """Base class of every error raised by coordination.
+
+    A subclass with fields of its own takes them as positional-or-keyword
+    parameters of its ``__init__`` (a keyword-only parameter or ``**kwargs`` is
+    refused when the class is defined: a serializer replays ``args`` by
+    position). ``extra`` is what :meth:`as_dict` adds to ``code`` and ``detail``.
+    """
 
     code = "coordination_error"
     status_code = 400
     default_detail = "The coordination request failed."
 
-    def __init__(self, detail: str | None = None, **extra: Any) -> None:
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        init = cls.__dict__.get("__init__")
+        if init is None:
+            return
+        for parameter in list(inspect.signature(init).parameters.values())[1:]:
+            if parameter.kind not in _REPLAYABLE_KINDS and parameter.kind != parameter.VAR_POSITIONAL:
+                raise TypeError(
+                    f"{cls.__qualname__}.__init__ takes {parameter} by keyword only: a "
+                    "CoordinationError's fields must be positional-or-keyword parameters, so "
+                    "that pickle and Celery's result backends can build it again from its args"
+                )
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Self:
+        error = super().__new__(cls)
+        # Recorded here, before any __init__ runs, as the one place that sees the
+        # arguments of every subclass's constructor; __init__ makes them the args.
+        error._replay = _positional(cls, args, kwargs)
+        return error
+
+    def __init__(
+        self, detail: str | None = None, fields: Mapping[str, Any] | None = None, /, **extra: Any
+    ) -> None:
         self.detail = detail or self.default_detail
-        self.extra = extra
-        super().__init__(self.detail)
+        # ``fields`` is how a replay passes back the keywords of a direct construction.
+        self.extra = {**(fields or {}), **extra}
+        super().__init__(*self._replay)
+
+    _replay: tuple[Any, ...]
+
+    def __str__(self) -> str:
+        return self.detail
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Exception's own __reduce__ also restores __dict__, which holds the
+        # computed fields; rebuilding from the args alone is the contract.
+        return (type(self), self.args)
 
     def as_dict(self) -> dict[str, Any]:
         """The error as the REST layer and structured logs present it."""
@@ -28,6 +78,46 @@ class CoordinationError(Exception):
         for name, value in self.extra.items():
             body[name] = value.isoformat() if isinstance(value, dt.datetime) else value
         return body
+
+
+_SIGNATURES: dict[type[CoordinationError], inspect.Signature] = {}
+
+
+def _signature(cls: type[CoordinationError]) -> inspect.Signature:
+    # Read once per class: refusals (StaleToken, LockHeld) are raised on busy paths.
+    found = _SIGNATURES.get(cls)
+    if found is None:
+        found = _SIGNATURES[cls] = inspect.signature(cls.__init__)
+    return found
+
+
+def _positional(
+    cls: type[CoordinationError], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Any, ...]:
+    """The constructor call ``cls(*args, **kwargs)`` as positional arguments alone."""
+    signature = _signature(cls)
+    try:
+        bound = signature.bind(None, *args, **kwargs)
+    except TypeError:
+        return args  # __init__ raises the same TypeError, with its own message
+    replay: list[Any] = []
+    for parameter in list(signature.parameters.values())[1:]:
+        value = bound.arguments.get(parameter.name, parameter.default)
+        if parameter.kind == parameter.VAR_POSITIONAL:
+            replay.extend(bound.arguments.get(parameter.name, ()))
+        elif parameter.kind == parameter.VAR_KEYWORD:
+            # Only the base class's own **extra (subclasses may not take **kwargs):
+            # its ``fields`` slot, the second, takes the keywords back.
+            extra = bound.arguments.get(parameter.name, {})
+            if extra:
+                replay[1] = {**(replay[1] or {}), **extra}
+        else:
+            replay.append(value)
+    # Trailing defaults are left out, so the args are as short as the call.
+    parameters = list(signature.parameters.values())[1 : len(replay) + 1]
+    while replay and replay[-1] is parameters[len(replay) - 1].default:
+        replay.pop()
+    return tuple(replay)
 
 
 class InvalidInput(CoordinationError, ValueError):
@@ -75,9 +165,6 @@ class LockHeld(CoordinationError):
             retry_after=round(retry_after, 3),
         )
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        # Picklable with its fields, so it survives Celery's retry and result backends.
-        return (type(self), (self.key, self.holder, self.expires_at, self.retry_after))
 
 
 class LeaseLost(CoordinationError):
@@ -110,8 +197,6 @@ class StaleToken(CoordinationError):
             current_step=current_step,
         )
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.resource, self.token, self.current_token, self.current_step))
 
 
 class DuplicateWrite(CoordinationError):
@@ -133,8 +218,6 @@ class DuplicateWrite(CoordinationError):
             current_step=current_step,
         )
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.resource, self.token, self.step, self.current_step))
 
 
 class UnfencedWrite(CoordinationError):
@@ -164,8 +247,6 @@ class UnfencedWrite(CoordinationError):
             current_step=current_step,
         )
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.resource, self.current_token, self.current_step))
 
 
 class StaleInstance(CoordinationError):
@@ -199,12 +280,6 @@ class StaleInstance(CoordinationError):
             "fenced_save()",
             current_token=current_token,
             current_step=current_step,
-        )
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (
-            type(self),
-            (self.resource, self.token, self.step, self.current_token, self.current_step),
         )
 
 

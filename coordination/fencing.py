@@ -45,14 +45,14 @@ from django.core.exceptions import (
     FullResultSet,
     ValidationError,
 )
-from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DatabaseError, IntegrityError, connections, models, router, transaction
 from django.db.models import F, Q, Value
 from django.db.models.expressions import Col, Expression
+from django.db.models.functions import Cast, Concat
 from django.db.models.lookups import Exact, IntegerFieldExact
 from django.db.models.sql.where import AND, WhereNode
 
-from . import aio, signals, watermarks
+from . import aio, results, signals, watermarks
 from .backends import get_backend
 from .conf import app_settings
 from .exceptions import (
@@ -91,6 +91,8 @@ __all__ = [
     "afence",
     "fence",
     "idempotent",
+    "lock_key_expression",
+    "lock_key_of",
     "raise_fence_to_lock",
     "record_rejection",
     "unfenced",
@@ -766,6 +768,7 @@ class FencedModel(models.Model):
                 mark = written or current
                 UnfencedSave.objects.using(using).create(
                     resource=resource[: UnfencedSave._meta.get_field("resource").max_length],
+                    lock_key=lock_key_of(self)[: UnfencedSave._meta.get_field("lock_key").max_length],
                     token=token, step=step, watermark_token=mark[0], watermark_step=mark[1],
                     reason=override.reason,
                     by=override.by[: UnfencedSave._meta.get_field("by").max_length],
@@ -873,14 +876,43 @@ def _own_watermark(model: type[models.Model]) -> tuple[models.Field[Any, Any], .
 
 def lock_binding(model: type[models.Model], key: str) -> dict[str, str] | None:
     """The field lookups of the rows that lock ``key`` guards, or None if it guards none."""
+    match = _template_pattern(_fence_lock(model)).fullmatch(key)
+    return None if match is None else match.groupdict()
+
+
+def lock_key_expression(model: type[models.Model]) -> Expression:
+    """The lock key guarding each row of ``model``, computed by the database.
+
+    ``fence_lock = "account:{pk}"`` gives ``'account:' || CAST(id AS text)``,
+    so rows can be filtered by key (the admin's access rules) in the query.
+    """
+    parts: list[Expression] = []
+    template, position = _fence_lock(model), 0
+    for placeholder in _PLACEHOLDER.finditer(template):
+        if placeholder.start() > position:
+            parts.append(Value(template[position : placeholder.start()]))
+        parts.append(Cast(placeholder.group(1), models.CharField()))
+        position = placeholder.end()
+    if position < len(template):
+        parts.append(Value(template[position:]))
+    if len(parts) == 1:
+        return parts[0]
+    return Concat(*parts, output_field=models.CharField())
+
+
+def lock_key_of(row: models.Model) -> str:
+    """The lock key guarding ``row`` (its model's ``fence_lock`` filled in)."""
+    return _PLACEHOLDER.sub(lambda name: str(getattr(row, name.group(1))), _fence_lock(type(row)))
+
+
+def _fence_lock(model: type[models.Model]) -> str:
     template = getattr(model, "fence_lock", None)
     if not isinstance(template, str):
         raise CoordinationError(
             f"{model._meta.label} must declare fence_lock, e.g. "
             f'fence_lock = "{model._meta.model_name}:{{pk}}"'
         )
-    match = _template_pattern(template).fullmatch(key)
-    return None if match is None else match.groupdict()
+    return template
 
 
 @cache
@@ -904,6 +936,7 @@ Grants = Lease | Mapping[str, Lease] | Iterable[Lease]
 def fence(  # type: ignore[overload-overlap]  # a str is also a Sequence[str]
     resource: str, grant: Grants | None = None, *, step: int | None = None,
     using: str | None = None, idle_timeout: float | None = None,
+    key_check: Callable[[str], None] | None = None,
 ) -> AbstractContextManager[Fence]: ...
 
 
@@ -915,6 +948,7 @@ def fence(
     step: int | None = None,
     using: str | None = None,
     idle_timeout: float | None = None,
+    key_check: Callable[[str], None] | None = None,
 ) -> AbstractContextManager[list[Fence]]: ...
 
 
@@ -925,6 +959,7 @@ def fence(
     step: int | None = None,
     using: str | None = None,
     idle_timeout: float | None = None,
+    key_check: Callable[[str], None] | None = None,
 ) -> AbstractContextManager[Any]:
     """Guard a side effect with the named Fence row(s), inside one transaction.
 
@@ -963,6 +998,13 @@ def fence(
     above the longest pause a live holder makes inside the block (a call to
     another service, say). SQLite has no such bound: a paused writer there
     holds the database's write lock.
+
+    ``key_check(lock_key)`` runs for each Fence row once it is locked, before
+    its watermark is compared: whatever it raises is raised, the transaction
+    rolls back (a row created on first use with it) and no rejection is
+    recorded. The REST API refuses there a row guarded by a key outside the
+    writer's access rules, so that neither the key nor its watermark reaches
+    the writer, however the writer raced the row's first write.
     """
     names = [resource] if isinstance(resource, str) else sorted(set(resource))
     if not names:
@@ -971,7 +1013,7 @@ def fence(
         validate_key(name, what="resource")
     return _fenced_block(
         names, grant, step, using or app_settings.DATABASE, isinstance(resource, str),
-        idle_timeout=_idle_bound(idle_timeout),
+        idle_timeout=_idle_bound(idle_timeout), key_check=key_check,
     )
 
 
@@ -1041,6 +1083,7 @@ def _fenced_block(
     steps: dict[int, int] | None = None,
     *,
     idle_timeout: float | None = None,
+    key_check: Callable[[str], None] | None = None,
 ) -> Iterator[Any]:
     leases = _resolve_grants(grant)
     by_key = {lease.key: lease for lease in leases}
@@ -1058,6 +1101,10 @@ def _fenced_block(
         if idle_timeout is not None:
             _set_idle_timeout(alias, idle_timeout)
         rows = _locked_fences(names, _new_fence_keys(names, by_key), alias)
+        if key_check is not None:
+            # Under the row lock: the key read here is the one the write would meet.
+            for row in rows:
+                key_check(row.lock_key)
         for row in rows:
             guarding = by_key.get(row.lock_key)
             if guarding is None:
@@ -1185,14 +1232,15 @@ def idempotent(key: str, operation: Callable[[], T], *, using: str | None = None
     commit in one transaction, so either both happen or neither does. A
     concurrent retry waits for the first to finish, then gets its result.
 
-    The result is stored as JSON through Django's ``DjangoJSONEncoder``: besides
-    JSON's own types, ``Decimal``, ``datetime``/``date``/``time``, ``timedelta``,
-    ``UUID`` and lazy strings. The first call returns the operation's result
-    unchanged; a retry gets the JSON-decoded form (a ``Decimal`` as a string
-    like ``"12.50"``, a datetime as an ISO 8601 string, a tuple as a list).
-    A result it cannot store (another type, NaN or infinity, a string with NUL)
-    raises :class:`InvalidInput` and nothing is stored: the record and the
-    operation's own database writes roll back together. An operation that
+    A retry gets the result back with the types the first call returned: it is
+    stored as JSON, with ``Decimal``, ``datetime``, ``date``, ``time``,
+    ``timedelta``, ``UUID`` and tuples tagged so that they decode as themselves
+    (:mod:`coordination.results`), in lists and dicts at any depth. The first
+    call returns the operation's result unchanged. A result that would come back
+    as another type (any other class, a subclass such as an enum, a dict key
+    that is not a string) or that JSON cannot hold (NaN, infinity, a string with
+    NUL) raises :class:`InvalidInput` naming the value, and nothing is stored:
+    the record and the operation's own database writes roll back together. An operation that
     raises stores nothing either, so it may be retried.
     """
     if not isinstance(key, str) or not key or len(key) > 255:
@@ -1205,7 +1253,7 @@ def idempotent(key: str, operation: Callable[[], T], *, using: str | None = None
         records.bulk_create([IdempotencyRecord(key=key)], ignore_conflicts=True)
         record = records.select_for_update().get(key=key)
         if record.completed:
-            return cast(T, record.result)
+            return cast(T, results.decode(record.result))
         result = operation()
         record.result, record.completed = _storable_result(key, result), True
         record.save(update_fields=["result", "completed"])
@@ -1213,20 +1261,18 @@ def idempotent(key: str, operation: Callable[[], T], *, using: str | None = None
 
 
 def _storable_result(key: str, result: object) -> Any:
-    """``result`` as plain JSON values, or InvalidInput naming what cannot be stored."""
+    """``result`` as the JSON value to store, or InvalidInput naming what cannot be stored."""
     try:
-        text = json.dumps(result, cls=DjangoJSONEncoder, allow_nan=False)
-    except (TypeError, ValueError) as error:  # unknown type, NaN/Infinity, a cycle
-        raise InvalidInput(
-            f"idempotent({key!r}): the result cannot be stored as JSON ({error}). Return JSON "
-            "values, or what DjangoJSONEncoder encodes (Decimal, datetime, UUID...)."
-        ) from None
+        stored = results.encode(result, where=f"idempotent({key!r}): the result")
+        text = json.dumps(stored, allow_nan=False)
+    except RecursionError:  # a cycle
+        raise InvalidInput(f"idempotent({key!r}): the result contains itself") from None
     # PostgreSQL's jsonb cannot hold U+0000; refused here rather than as a database
     # error. In the JSON text a NUL is the escape \\u0000; literal backslashes are
     # escaped as pairs, dropped first so that a string holding "\\u0000" passes.
     if "\\u0000" in text.replace("\\\\", ""):
         raise InvalidInput(f"idempotent({key!r}): the result contains a NUL character (\\u0000).")
-    return json.loads(text)
+    return stored
 
 
 def record_rejection(

@@ -7,9 +7,11 @@ process granted the locks. Mount the view in the site's URLs::
 
     path("metrics", coordination.metrics.metrics_view)
 
-It is private by default: staff users, or a scraper sending
-``Authorization: Bearer <COORDINATION["METRICS_TOKEN"]>``; set
-``COORDINATION["METRICS_PUBLIC"] = True`` to open it.
+It is private by default: staff users whom access rules do not limit, or a
+scraper sending ``Authorization: Bearer <COORDINATION["METRICS_TOKEN"]>``; set
+``COORDINATION["METRICS_PUBLIC"] = True`` to open it. The counts cover every
+lock key, and the process counters cannot be split by key, so a staff user
+limited by access rules (docs/access-rules.md) is refused.
 
 With several processes (gunicorn workers, Celery workers) set
 ``PROMETHEUS_MULTIPROC_DIR`` for all of them, as prometheus-client documents:
@@ -34,7 +36,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
-from . import signals
+from . import access, signals
 from .conf import app_settings
 from .models import DatabaseNow, GrantEnd, Lock, Rejection, RejectionReason, TokenFloor
 
@@ -205,7 +207,8 @@ def _source() -> CollectorRegistry:
 def metrics_view(request: HttpRequest) -> HttpResponse:
     """The metrics in Prometheus (or OpenMetrics, by ``Accept``) text format.
 
-    401 without credentials, 403 with wrong ones, unless METRICS_PUBLIC is on.
+    401 without credentials, 403 with wrong ones or for a staff user limited by
+    access rules, unless METRICS_PUBLIC is on.
     """
     refusal = _refusal(request)
     if refusal is not None:
@@ -221,7 +224,13 @@ def _refusal(request: HttpRequest) -> HttpResponse | None:
         return None
     user = getattr(request, "user", None)
     if user is not None and user.is_active and user.is_staff:
-        return None
+        if not access.access_for(user).limited:
+            return None
+        return HttpResponse(
+            "Metrics count every lock key, and your access rules limit the keys you may "
+            "read: ask an administrator, or scrape with the METRICS_TOKEN.\n",
+            status=403, content_type="text/plain",
+        )
     header = request.headers.get("Authorization", "")
     scheme, _, presented = header.partition(" ")
     expected = str(app_settings.METRICS_TOKEN or "")

@@ -557,11 +557,14 @@ class UnfencedSave(models.Model):
     """A save of a stale FencedModel instance let through by ``coordination.unfenced()``.
 
     Written in the same transaction as the save, so it exists exactly when the
-    save committed. ``token``/``step`` is the watermark the instance carried,
-    ``watermark_token``/``watermark_step`` the row's, which the save kept.
+    save committed. ``lock_key`` is the key guarding the row (its
+    ``fence_lock``), by which the admin keeps to access rules; ``token``/``step``
+    is the watermark the instance carried, ``watermark_token``/``watermark_step``
+    the row's, which the save kept.
     """
 
     resource = models.CharField(max_length=KEY_MAX_LENGTH + 100)
+    lock_key = models.CharField(max_length=KEY_MAX_LENGTH)
     token = models.BigIntegerField()
     step = models.BigIntegerField()
     watermark_token = models.BigIntegerField()

@@ -8,12 +8,15 @@ without checking the password, until the window of the first failure ends. A
 successful login clears its user name's count. The GET of the login page is
 never refused.
 
-The counts live in Django's default cache, keyed by ``REMOTE_ADDR`` and by a
-hash of the user name (lower-cased): several server processes count together
-only if that cache is shared (Redis, Memcached, the database cache). Behind a
-reverse proxy ``REMOTE_ADDR`` is the proxy's, so the address count then
-throttles everyone at once; set the proxy to pass the client address through
-(or rely on the per-name count).
+The counts live in Django's default cache, keyed by the client address and by
+a hash of the user name as the login form authenticates it (NFKC-normalized,
+case-folded): several server processes count together only if that cache is
+shared (Redis, Memcached, the database cache). The client address is the one
+the REST API's throttles use (``coordination.api.permissions.client_address``):
+``REMOTE_ADDR``, or with ``REST_FRAMEWORK["NUM_PROXIES"]`` (the site's
+``DJANGO_NUM_PROXIES``) the address the trusted proxies put in
+``X-Forwarded-For``. Behind a proxy without that setting every client shares
+the proxy's address, so the address count throttles everyone at once.
 
 django-axes does this too, with lockout records in the database; it does not
 declare support for Django 6.1 yet, so the site keeps this small view instead.
@@ -27,21 +30,34 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib import admin
+from django.contrib.auth import get_user_model
 from django.core.cache import cache
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.csrf import csrf_protect
 
-__all__ = ["admin_login", "failure_keys"]
+from coordination.api.permissions import client_address
+
+__all__ = ["admin_login", "failure_keys", "login_name"]
 
 _PREFIX = "project.admin-login-failures"
 
 
 def failure_keys(request: HttpRequest, username: str) -> list[str]:
     """The cache keys counting failures of this client address and this user name."""
-    address = str(request.META.get("REMOTE_ADDR", ""))
-    name = hashlib.sha256(username.strip().lower().encode()).hexdigest()
+    address = client_address(request)
+    name = hashlib.sha256(login_name(username).encode()).hexdigest()
     return [f"{_PREFIX}:address:{address}", f"{_PREFIX}:name:{name}"]
+
+
+def login_name(username: str) -> str:
+    """The user name as the login form authenticates it, case-folded: one count per user.
+
+    The form strips the name and NFKC-normalizes it (``normalize_username``), so
+    the fullwidth letters of ``ops2`` log in as ``ops2``; counting the raw text
+    would give each compatibility form of a name a fresh count of failures.
+    """
+    return get_user_model().normalize_username(username.strip()).strip().casefold()
 
 
 def _retry_after(keys: list[str]) -> int | None:

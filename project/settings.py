@@ -1,18 +1,25 @@
 """Settings for the runnable site, read from the environment.
 
-- ``DATABASE_URL``: PostgreSQL in production (``postgres://user:pass@host/db``).
-  Default: a SQLite file under ``var/`` with IMMEDIATE transactions, so token
+- ``DATABASE_URL``: PostgreSQL in production (``postgres://user:pass@host/db``,
+  or libpq's multi-host form for a failover cluster:
+  ``postgres://user@h1:5432,h2:5432/db?target_session_attrs=read-write``,
+  :mod:`project.database_url`). Default: a SQLite file under ``var/`` with IMMEDIATE transactions, so token
   issuance is serialised there too.
 - ``CELERY_BROKER_URL``: default is Celery's filesystem transport under ``var/``.
 - ``DJANGO_DEBUG``: off unless set to 1/true/yes/on (``bin/run`` sets it for
   the local demo). Production-safe by default: ``gunicorn project.wsgi`` with no
-  environment shows no debug pages.
+  environment shows no debug pages. Static files (the admin's, the dashboard's,
+  the API docs') are served by WhiteNoise from ``STATIC_ROOT`` after
+  ``manage.py collectstatic``, with DEBUG off too.
 - ``DJANGO_SECRET_KEY``: required when DEBUG is off; with DEBUG on a fixed
   development key is used when it is missing.
 - ``DJANGO_ALLOWED_HOSTS``: comma-separated, default ``127.0.0.1,localhost``.
 - ``DJANGO_ADMIN_LOGIN_FAILURES`` (5) and ``DJANGO_ADMIN_LOGIN_WINDOW`` (900
   seconds): failed admin logins allowed per client address and per user name
   in that window before the login answers 429 (:mod:`project.login_throttle`).
+- ``DJANGO_NUM_PROXIES``: how many trusted reverse proxies stand in front of
+  the site (``REST_FRAMEWORK["NUM_PROXIES"]``). Unset, the throttles count
+  ``REMOTE_ADDR`` and ignore ``X-Forwarded-For``, which any client can write.
 """
 
 from __future__ import annotations
@@ -21,8 +28,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
+
+from project import database_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("COORDINATION_VAR_DIR", BASE_DIR / "var"))
@@ -63,6 +71,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Static files with DEBUG off, from STATIC_ROOT, before anything that needs a session.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -93,7 +103,7 @@ TEMPLATES = [
 def _database_from_environment() -> dict[str, Any]:
     url = os.environ.get("DATABASE_URL", "").strip()
     if url:
-        config: dict[str, Any] = dict(dj_database_url.parse(url, conn_max_age=0))
+        config: dict[str, Any] = database_url.parse(url, conn_max_age=0)
     else:
         config = {
             "ENGINE": "django.db.backends.sqlite3",
@@ -137,6 +147,13 @@ ADMIN_LOGIN_WINDOW = int(os.environ.get("DJANGO_ADMIN_LOGIN_WINDOW", "900"))
 
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
+STATIC_ROOT.mkdir(exist_ok=True)  # WhiteNoise warns at start about a missing one
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    # collectstatic also writes gzip copies, which WhiteNoise serves to clients that
+    # accept them. No manifest: a page never fails on a file not collected yet.
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
 LOGIN_URL = "admin:login"
 
 LOGGING = {
@@ -176,10 +193,13 @@ if os.environ.get("CELERY_DB_REUSE_MAX"):
     CELERY_DB_REUSE_MAX = int(os.environ["CELERY_DB_REUSE_MAX"])
 
 # --- REST framework ---------------------------------------------------------
-# No REST_FRAMEWORK or SPECTACULAR_SETTINGS here: the coordination API sets its
-# own authentication, permissions, schema class, renderers and error shape per
-# view, and serves its docs' assets from drf_spectacular_sidecar, as it must in
-# any site that installs it.
+# No SPECTACULAR_SETTINGS and no REST_FRAMEWORK but the proxies: the coordination
+# API sets its own authentication, permissions, schema class, renderers and
+# error shape per view, and serves its docs' assets from drf_spectacular_sidecar,
+# as it must in any site that installs it. NUM_PROXIES is the site's to know: the
+# client address of the API's throttles and of the admin login's count.
+if os.environ.get("DJANGO_NUM_PROXIES"):
+    REST_FRAMEWORK = {"NUM_PROXIES": int(os.environ["DJANGO_NUM_PROXIES"])}
 
 # --- coordination -----------------------------------------------------------
 COORDINATION: dict[str, Any] = {

@@ -16,6 +16,7 @@ from typing import Any
 from rest_framework.exceptions import AuthenticationFailed, NotAuthenticated
 from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
+from rest_framework.settings import api_settings
 from rest_framework.throttling import AnonRateThrottle, UserRateThrottle
 from rest_framework.views import APIView
 
@@ -48,10 +49,35 @@ class ActionPermission(BasePermission):
         return True
 
 
+def client_address(request: Any) -> str:
+    """The client's address, as the throttles count it: one rule for the API and the site.
+
+    ``REMOTE_ADDR``, unless ``REST_FRAMEWORK["NUM_PROXIES"]`` says how many
+    trusted reverse proxies stand in front of the site: then the address that
+    many places from the right of ``X-Forwarded-For`` (the one the outermost
+    trusted proxy saw), or ``REMOTE_ADDR`` when the header is missing. Without
+    the setting (or with 0) the header is ignored: a client writes it as it
+    likes, and DRF's own default (the whole header as the identity) let each
+    new header value start a fresh count. Accepts a Django ``HttpRequest`` or a
+    DRF ``Request``.
+    """
+    meta = request.META
+    remote = str(meta.get("REMOTE_ADDR") or "")
+    proxies = api_settings.NUM_PROXIES
+    forwarded = meta.get("HTTP_X_FORWARDED_FOR")
+    if not proxies or not forwarded:
+        return remote
+    addresses = [address.strip() for address in str(forwarded).split(",")]
+    return addresses[-min(int(proxies), len(addresses))] or remote
+
+
 class UserThrottle(UserRateThrottle):
     """Requests per user at ``COORDINATION["API_THROTTLE_RATE"]`` (None: unlimited)."""
 
     scope = "coordination"
+
+    def get_ident(self, request: Request) -> str:
+        return client_address(request)
 
     def get_rate(self) -> str | None:
         rate = app_settings.API_THROTTLE_RATE
@@ -67,12 +93,14 @@ class AnonymousThrottle(AnonRateThrottle):
     :class:`ThrottledRefusals` (every API view and the schema) counts those
     refusals here, and answers 429 ``throttled`` instead of 401 once the rate
     is spent, so tokens cannot be guessed at the speed of the server. The
-    address is DRF's (``REMOTE_ADDR``, or ``X-Forwarded-For`` with the site's
-    ``REST_FRAMEWORK["NUM_PROXIES"]``); the counts live in Django's default
+    address is :func:`client_address`'s; the counts live in Django's default
     cache, shared between processes only if that cache is.
     """
 
     scope = "coordination_anonymous"
+
+    def get_ident(self, request: Request) -> str:
+        return client_address(request)
 
     def get_rate(self) -> str | None:
         rate = app_settings.API_ANON_THROTTLE_RATE

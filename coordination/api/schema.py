@@ -19,7 +19,7 @@ from typing import Any
 from django.apps import apps
 from django.conf import global_settings, settings
 from django.contrib.auth.views import redirect_to_login
-from django.http import HttpRequest, HttpResponse, HttpResponseNotFound
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import resolve_url
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 from rest_framework.authentication import SessionAuthentication, TokenAuthentication
@@ -29,6 +29,7 @@ from rest_framework.response import Response
 from .. import __version__
 from .exceptions import exception_handler
 from .permissions import ThrottledRefusals
+from .views import APIJSONRenderer
 
 __all__ = ["DOCS_APP", "DocsView", "RedocView", "SchemaView", "coordination_endpoints", "docs_page"]
 
@@ -69,10 +70,21 @@ class SchemaView(ThrottledRefusals, SpectacularAPIView):
     authentication_classes = [TokenAuthentication, SessionAuthentication]
     permission_classes = [IsAuthenticated]
     versioning_class = None
+    schema = None  # describes the API; not part of it
     custom_settings = SCHEMA_SETTINGS
 
     def get_exception_handler(self) -> Callable[..., Response | None]:
         return exception_handler
+
+    def handle_exception(self, exc: Exception) -> Response:
+        # A refusal is JSON in the API's error shape, like every other answer under
+        # the API: without this it would be rendered as the negotiated schema format
+        # (YAML when the client sends no Accept header).
+        response = super().handle_exception(exc)
+        renderer = APIJSONRenderer()
+        self.request.accepted_renderer = renderer
+        self.request.accepted_media_type = renderer.media_type
+        return response
 
 
 class DocsView(SpectacularSwaggerView):
@@ -81,6 +93,7 @@ class DocsView(SpectacularSwaggerView):
     authentication_classes = [SessionAuthentication]
     permission_classes = [IsAuthenticated]
     versioning_class = None
+    schema = None  # describes the API; not part of it
     url_name = "coordination_api:schema"
     title = f"{TITLE} API"
 
@@ -99,6 +112,7 @@ class RedocView(SpectacularRedocView):
     authentication_classes = [SessionAuthentication]
     permission_classes = [IsAuthenticated]
     versioning_class = None
+    schema = None  # describes the API; not part of it
     url_name = "coordination_api:schema"
     template_name = "coordination/api/redoc.html"
     title = f"{TITLE} API"
@@ -126,13 +140,13 @@ def docs_page(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
     @wraps(view)
     def page(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         if not apps.is_installed(DOCS_APP):
-            return HttpResponseNotFound(
+            detail = (
                 "The API docs pages serve their JavaScript and CSS from the drf_spectacular_sidecar "
                 "app, never from a CDN, and it is not installed. Install the extra "
                 "(pip install 'django-coordination[api-docs]') and add \"drf_spectacular_sidecar\" "
-                "to INSTALLED_APPS. The schema itself is at the schema/ endpoint next to this page.",
-                content_type="text/plain; charset=utf-8",
+                "to INSTALLED_APPS. The schema itself is at the schema/ endpoint next to this page."
             )
+            return JsonResponse({"code": "not_found", "detail": detail}, status=404)
         if not request.user.is_authenticated:
             login_url = settings.LOGIN_URL
             if login_url == global_settings.LOGIN_URL:

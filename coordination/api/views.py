@@ -529,19 +529,24 @@ class DocumentView(CoordinationView):
         # existing document must be bound to, which the fence checks).
         rules = access.for_request(request)
         rules.require("write", body["lock_key"])
-        if rules.limited:
-            # Refused here, not as the fence's wrong_lock: that would record a
-            # rejection and name a key outside the user's rules.
-            bound = Document.objects.filter(name=name).values_list("fence__lock_key", flat=True).first()
-            if bound is not None and not rules.allows("write", bound):
+        grant = locks.grant_from_proof(body["lock_key"], body["token"], body["lease_id"])
+
+        def bound_within_rules(bound: str) -> None:
+            # Checked under the fence's row lock, before the fence's own wrong_lock:
+            # that would name a key outside the user's rules, and record a rejection
+            # carrying its watermark. Read before the lock, the binding could be
+            # made by another writer in between (two first writes racing).
+            if not rules.allows("write", bound):
                 raise KeyForbidden(
                     f"document {name!r} is bound to a lock key your access rules do not allow "
                     "you to write with (docs/access-rules.md)", action="write",
                 )
-        grant = locks.grant_from_proof(body["lock_key"], body["token"], body["lease_id"])
 
         def write() -> dict[str, Any]:
-            document = documents.put_document(name, grant, body["data"], step=body.get("step"))
+            document = documents.put_document(
+                name, grant, body["data"], step=body.get("step"),
+                key_check=bound_within_rules if rules.limited else None,
+            )
             return dict(DocumentSerializer(document).data)
 
         if idempotency_key is None:
@@ -628,8 +633,10 @@ def no_endpoint(request: HttpRequest, rest: str = "") -> HttpResponse:
     Exempt from the CSRF check, as the API's views are (they authenticate by
     token, or check CSRF themselves for a session): it changes nothing, and a
     POST or PUT to a wrong path must learn that the path is wrong, not that a
-    CSRF cookie is missing. A collection asked for without its trailing slash
-    is redirected to it.
+    CSRF cookie is missing. A path asked for without its trailing slash
+    (``/api/locks``) is redirected to it with ``308 Permanent Redirect``, which
+    keeps the method and body (a 301 turns a POST into a GET in most clients),
+    and a JSON body in the error shape naming the ``location``.
     """
     if not request.path.endswith("/"):
         try:
@@ -638,6 +645,15 @@ def no_endpoint(request: HttpRequest, rest: str = "") -> HttpResponse:
             match = None
         if match is not None and match.url_name != "no-endpoint":
             query = request.META.get("QUERY_STRING", "")
-            return HttpResponsePermanentRedirect(request.path + "/" + (f"?{query}" if query else ""))
+            location = request.path + "/" + (f"?{query}" if query else "")
+            body = {
+                "code": "permanent_redirect",
+                "detail": f"The endpoint is at {request.path}/ (with a trailing slash); "
+                "repeat the request there.",
+                "location": location,
+            }
+            return HttpResponsePermanentRedirect(
+                location, preserve_request=True, content=json.dumps(body), content_type="application/json"
+            )
     detail = f"No API endpoint at {request.path}; the OpenAPI schema lists them all."
     return JsonResponse({"code": "not_found", "detail": detail}, status=404)

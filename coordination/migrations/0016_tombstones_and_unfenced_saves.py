@@ -41,6 +41,7 @@ class Migration(migrations.Migration):
             fields=[
                 ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
                 ("resource", models.CharField(max_length=300)),
+                ("lock_key", models.CharField(max_length=200)),
                 ("token", models.BigIntegerField()),
                 ("step", models.BigIntegerField()),
                 ("watermark_token", models.BigIntegerField()),

@@ -10,13 +10,16 @@ and never lowers the document's watermark.
 from __future__ import annotations
 
 import re
+from io import StringIO
 from typing import Any
 
 import pytest
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.auth.models import Group, Permission, User
+from django.core.management import call_command
 from django.test import Client
 from django.urls import reverse
+from rest_framework.authtoken.models import Token
 
 from coordination import documents, locks
 from coordination.exceptions import DuplicateWrite, InvalidInput, StaleToken, WrongLock
@@ -328,3 +331,57 @@ def test_rebinding_to_a_key_the_operator_may_write_works_under_rules(bound: tupl
     assert operator.post(url, {"lock_key": "billing:778", "confirm": "yes"}).status_code == 302
     assert Fence.objects.get(pk=document.fence_id).lock_key == "billing:778"
     assert re.search(r"billing:777", LogEntry.objects.get().get_change_message())
+
+
+# --- API tokens ---------------------------------------------------------------------------
+
+
+TOKENS = "admin:authtoken_tokenproxy_changelist"
+
+
+def token_staff(*codenames: str) -> tuple[User, Client]:
+    """A staff user with these permissions on tokens (and nothing else)."""
+    user = User.objects.create_user(f"token-user-{User.objects.count()}", is_staff=True)
+    user.user_permissions.set(
+        Permission.objects.filter(content_type__app_label="authtoken", codename__in=codenames)
+    )
+    client = Client()
+    client.force_login(user)
+    return user, client
+
+
+def test_one_view_permission_shows_no_other_users_token() -> None:
+    boss = User.objects.create_superuser("boss")
+    boss_key = Token.objects.create(user=boss).key
+    user, client = token_staff("view_tokenproxy")
+    own = Token.objects.create(user=user).key
+    html = client.get(reverse(TOKENS)).content.decode()
+    assert boss_key not in html and boss_key[:8] not in html and "boss" not in html
+    assert own not in html and f"{own[:4]}\u2026" in html  # one's own, masked
+    other = client.get(reverse("admin:authtoken_tokenproxy_change", args=[boss.pk]))
+    assert other.status_code == 302 and boss_key not in other.content.decode()
+
+
+def test_superusers_see_every_token_masked_and_no_page_of_one(admin_client: Client) -> None:
+    user = User.objects.create_user("api-client")
+    key = Token.objects.create(user=user).key
+    html = admin_client.get(reverse(TOKENS)).content.decode()
+    assert "api-client" in html and key not in html and f"{key[:4]}\u2026" in html
+    # Django names a row by its str(), and a token's is its key: no page of one.
+    for page in ("change", "history", "delete"):
+        response = admin_client.get(reverse(f"admin:authtoken_tokenproxy_{page}", args=[user.pk]))
+        assert response.status_code == 403 and key not in response.content.decode(), page
+    assert admin_client.get(reverse("admin:authtoken_tokenproxy_add")).status_code == 403
+
+
+def test_a_token_is_rotated_and_revoked_with_drf_create_token() -> None:
+    """As docs/security.md says: -r gives the user a new key, the old one stops at once."""
+    user = User.objects.create_user("api-client")
+    call_command("drf_create_token", "api-client", stdout=StringIO())
+    old = Token.objects.get(user=user).key
+    call_command("drf_create_token", "-r", "api-client", stdout=StringIO())
+    new = Token.objects.get(user=user).key
+    assert new != old
+    client = Client()
+    assert client.get("/api/locks/", HTTP_AUTHORIZATION=f"Token {old}").status_code == 401
+    assert client.get("/api/locks/", HTTP_AUTHORIZATION=f"Token {new}").status_code == 403

@@ -115,6 +115,8 @@ def test_docs_pages_without_the_sidecar_app_answer_404_naming_the_extra(path: st
     with override_settings(INSTALLED_APPS=apps):
         page = client.get(path)
     assert page.status_code == 404
-    text = page.content.decode()
+    assert page["Content-Type"] == "application/json"
+    assert page.json()["code"] == "not_found"
+    text = page.json()["detail"]
     assert "django-coordination[api-docs]" in text
     assert '"drf_spectacular_sidecar"' in text

@@ -341,11 +341,12 @@ def test_unknown_paths_under_the_api_are_404_in_the_error_shape(setup: Any) -> N
     assert response.json()["code"] == "not_found"
 
 
-def test_a_collection_without_its_slash_redirects(setup: Any) -> None:
+def test_a_collection_without_its_slash_redirects_keeping_the_method(setup: Any) -> None:
     client, _ = setup
     response = client.get("/api/locks?page_size=1")
-    assert response.status_code == 301
+    assert response.status_code == 308
     assert response["Location"] == "/api/locks/?page_size=1"
+    assert response.json()["code"] == "permanent_redirect"
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import enum
 import uuid
 from decimal import Decimal
 from unittest import mock
@@ -326,25 +327,71 @@ def test_idempotent_operation_that_fails_stores_nothing() -> None:
     assert fencing.idempotent("k", lambda: 3) == 3
 
 
-def test_idempotent_stores_what_djangos_json_encoder_can_and_a_retry_gets_the_decoded_form() -> None:
-    settled_at = dt.datetime(2026, 3, 1, 12, 30, tzinfo=dt.UTC)
-    receipt = uuid.UUID("12345678-1234-5678-1234-567812345678")
-    result = {"balance": Decimal("12.50"), "at": settled_at, "receipt": receipt, "legs": (1, 2)}
+SETTLED_AT = dt.datetime(2026, 3, 1, 12, 30, 0, 250, tzinfo=dt.UTC)
+RECEIPT = uuid.UUID("12345678-1234-5678-1234-567812345678")
 
+
+@pytest.mark.parametrize(
+    "result",
+    [
+        Decimal("12.50"),
+        SETTLED_AT,
+        dt.datetime(2026, 3, 1, 12, 30),  # naive stays naive
+        dt.date(2026, 3, 1),
+        dt.time(12, 30, 5, 7),
+        dt.timedelta(days=-1, seconds=5, microseconds=3),
+        RECEIPT,
+        (1, "two", Decimal("3")),
+        {"balance": Decimal("12.50"), "at": SETTLED_AT, "receipt": RECEIPT, "legs": (1, 2)},
+        [{"on": dt.date(2026, 3, 1), "amounts": [Decimal("0.10"), Decimal("-0")]}],
+        {"__type__": "decimal", "__value__": "1"},  # data shaped like a tag stays data
+        {"nested": {"__type__": "mine", "other": [None, True, 1.5]}},
+    ],
+    ids=lambda result: type(result).__name__,
+)
+def test_idempotent_retry_returns_the_same_types_as_the_first_call(result: object) -> None:
     first = fencing.idempotent("settle:1", lambda: result)
     retry = fencing.idempotent("settle:1", lambda: pytest.fail("a retry must not run again"))
 
     assert first is result
-    assert retry == {
-        "balance": "12.50", "at": "2026-03-01T12:30:00Z", "receipt": str(receipt), "legs": [1, 2],
-    }
+    assert retry == result
+    assert shape(retry) == shape(result)
+
+
+def shape(value: object) -> object:
+    """The types of ``value`` at every depth, to compare beyond ``==`` (1 == Decimal(1))."""
+    if isinstance(value, dict):
+        return {key: shape(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return (type(value), [shape(item) for item in value])
+    return (type(value), str(value))
+
+
+class Status(enum.StrEnum):
+    PAID = "paid"
 
 
 @pytest.mark.parametrize(
     ("result", "named"),
     [
-        (object(), "not JSON serializable"),
-        ({"ratio": float("nan")}, "not JSON compliant"),
+        (Status.PAID, "Status, which would not come back as itself"),
+        ({"legs": {1: "one"}}, r"\['legs'\] has the key 1"),
+        ({"ok": [1, frozenset()]}, r"\['ok'\]\[1\] is a builtins.frozenset"),
+    ],
+)
+def test_idempotent_refuses_at_the_first_call_a_result_a_retry_would_get_as_another_type(
+    result: object, named: str
+) -> None:
+    with pytest.raises(InvalidInput, match=named):
+        fencing.idempotent("settle:1", lambda: result)
+    assert not IdempotencyRecord.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("result", "named"),
+    [
+        (object(), "would not come back as itself"),
+        ({"ratio": float("nan")}, "no NaN"),
         ("a\x00b", "NUL"),
     ],
 )

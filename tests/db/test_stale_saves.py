@@ -219,8 +219,9 @@ def test_unfenced_lets_a_stale_save_through_and_audits_it(caplog: pytest.LogCapt
     assert stored(account) == (newer.token, 1, "operator fix", Decimal("100.00"))
     assert loaded_earlier.carried_watermark() == (newer.token, 1)
     [audit] = UnfencedSave.objects.filter(resource=f"demo.account:{account.pk}")
-    assert (audit.resource, audit.by, audit.reason) == (
-        f"demo.account:{account.pk}", "ops-alice", "restore the owner from the ticket",
+    assert (audit.resource, audit.lock_key, audit.by, audit.reason) == (
+        f"demo.account:{account.pk}", f"account:{account.pk}", "ops-alice",
+        "restore the owner from the ticket",
     )
     assert (audit.token, audit.step, audit.watermark_token, audit.watermark_step) == (
         0, 0, newer.token, 1,

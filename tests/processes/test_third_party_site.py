@@ -1,12 +1,12 @@
-"""A new user's site, built from the README: the wheel of this checkout in a fresh
-virtualenv, ``django-admin startproject shop``, the README's "Installation" section
+"""A new user's site, built from the tutorial: the wheel of this checkout in a fresh
+virtualenv, ``django-admin startproject shop``, the tutorial's "Installation" section
 applied word for word, migrated on PostgreSQL, then the seed story with a real
 ``celery worker``, the system checks, the REST API and the admin dashboard.
 
 Nothing here imports the shop: it is another project in another virtualenv, driven
 through its own ``manage.py``, ``celery`` and HTTP, using the public API only.
 
-The README's Installation section is a program this test runs. Each fenced code
+The Installation section of docs/tutorial.md is a program this test runs. Each fenced code
 block starts with a line saying what it is:
 
 - ``# shell``: commands, one per line, run in order. The test knows each command it
@@ -57,7 +57,8 @@ import pytest
 from tests.support.legs import missing_service
 
 REPO = Path(__file__).resolve().parents[2]
-README = REPO / "README.md"
+# The tutorial holds the Installation section (the README points to it).
+README = REPO / "docs" / "tutorial.md"
 SUPERUSER_PASSWORD = "shop-admin-password-1"
 STORY_TTL = 2.0  # seconds: worker A's lease, which its pause outlasts
 # What a page that loads from outside contains. Not a bare "cdn": the page's random
@@ -88,13 +89,13 @@ class Block:
 
 
 def installation_blocks(readme: str) -> list[Block]:
-    """The code blocks of README.md's "## Installation" section, or a failure saying what changed."""
+    """The code blocks of the tutorial's "## Installation" section, or a failure saying what changed."""
     match = re.search(r"^## Installation\n(?P<section>.*?)(?=^## )", readme, re.MULTILINE | re.DOTALL)
     if match is None:
-        pytest.fail("README.md has no '## Installation' section (followed by another '## ' section)")
+        pytest.fail(f"{README} has no '## Installation' section (followed by another '## ' section)")
     fences = re.findall(r"^```[\w-]*\n(.*?)^```$", match["section"], re.MULTILINE | re.DOTALL)
     if not fences:
-        pytest.fail("README.md's Installation section has no code blocks")
+        pytest.fail(f"{README}'s Installation section has no code blocks")
     blocks: list[Block] = []
     for text in fences:
         first = text.splitlines()[0] if text.strip() else ""
@@ -108,7 +109,7 @@ def installation_blocks(readme: str) -> list[Block]:
             )
         else:
             pytest.fail(
-                "A code block of README.md's Installation section does not start with a marker this "
+                f"A code block of {README.name}'s Installation section does not start with a marker this "
                 f"test knows ('{SHELL_MARKER}', '{PYTHON_SHELL_MARKER}', '# FILE (new file)', "
                 f"'# FILE (append)', '# FILE (append, on PostgreSQL|SQLite)'):\n{text}"
             )
