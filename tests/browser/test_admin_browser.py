@@ -114,9 +114,11 @@ def test_dashboard_draws_a_semaphores_slots_as_rows_of_one_timeline_and_readers_
     page: Page, live_server: Any, operator: User
 ) -> None:
     # Semaphore "exports" of limit 2: A's permit runs out (A paused), C takes
-    # its slot and writes, A's late write is refused; B holds the other slot.
-    a = acquire_permit("exports", limit=2, holder="exporter-A", ttl=0.5)
+    # its slot and writes, A's late write is refused; B holds the other slot,
+    # taken first so that it can never be A's slot once A's short permit ran out.
     b = acquire_permit("exports", limit=2, holder="exporter-B", ttl=60)
+    a = acquire_permit("exports", limit=2, holder="exporter-A", ttl=0.5)
+    assert a.key != b.key
     wait_until_database_time_passes(a.expires_at)
     c = acquire_permit("exports", limit=2, holder="exporter-C", ttl=60)
     assert c.key == a.key and c.token == a.token + 1

@@ -37,10 +37,12 @@ def test_failover_chaos_keeps_the_fencing_contract_across_primaries(
     cluster: Cluster, django_db_blocker: Any
 ) -> None:
     # The seed's first round is a switchover, then a kill of the primary: two
-    # promotions, one planned, one after the leader key expired.
+    # promotions, one planned, one after the leader key expired. The run goes on
+    # until both were injected, however long the cluster takes to recover.
     config = ChaosConfig(seconds=20, workers=4, keys=2, ttl=1.0, seed=14, fault_interval=1.0,
                          faults=("pause", "kill", "terminate_backend"), patroni=True,
-                         cluster_faults=("switchover", "kill_node"), cluster_interval=1.0)
+                         cluster_faults=("switchover", "kill_node"), cluster_interval=1.0,
+                         min_cluster_faults=2)
     out = io.StringIO()
     with django_db_blocker.unblock():
         report = ChaosRun(config, out=out).run()
@@ -61,8 +63,10 @@ def test_failover_chaos_keeps_the_fencing_contract_across_primaries(
 def test_without_the_guard_and_synchronous_replication_a_failover_loses_grants(
     cluster: Cluster, django_db_blocker: Any
 ) -> None:
+    # One lagging failover, even if the cluster is still recovering from the
+    # test before when the run starts.
     config = ChaosConfig(seconds=8, workers=4, keys=2, ttl=1.0, seed=2, patroni=True, unsafe=True,
-                         cluster_interval=1.0, lag_seconds=3.0)
+                         cluster_interval=1.0, lag_seconds=3.0, min_cluster_faults=1)
     out = io.StringIO()
     with django_db_blocker.unblock():
         report = ChaosRun(config, out=out).run()

@@ -143,7 +143,14 @@ def _fail_over(cluster: Cluster, workload: Workload) -> tuple[float, float, int]
     # For the figure only: the first grant well clear of the kill (the new
     # primary cannot answer before the ttl has passed).
     first = min(at for _k, _t, at in workload.granted if at > killed_at + 5)
-    time.sleep(1.0)  # a few more grants on the new primary
+    # Every key granted on the new primary: each thread has its own connection
+    # to re-open and may sit in a back-off, so wait on that, not on a second.
+    cluster.wait(
+        lambda: all(
+            workload.tokens(f"failover:{index}", after=promoted_at) for index in range(workload.threads)
+        ),
+        "a grant of every key on the new primary", timeout=60,
+    )
     return promoted_at, first - killed_at, new.node
 
 
@@ -183,8 +190,13 @@ def test_async_failover_never_reissues_a_token_and_revokes_every_lease(cluster_d
     _assert_tokens_increase(workload)
 
     floor = _retry(lambda: TokenFloor.objects.using(DB).get())
-    leader = cluster.leader()
-    assert leader is not None and leader.node == new_node
+    # Patroni reports a promoted node's new timeline on a later turn of its loop
+    # than PostgreSQL starts it: wait until it reports one at least the guard's.
+    leader = cluster.wait(
+        lambda: (found := cluster.leader()) and found.timeline >= floor.timeline and found,
+        "Patroni reporting the new timeline", timeout=60,
+    )
+    assert leader.node == new_node
     assert floor.timeline == leader.timeline, "the guard did not record the new timeline"
     skipped = []
     for index in range(workload.threads):

@@ -190,8 +190,10 @@ def test_a_newcomer_does_not_take_a_free_slot_a_waiter_is_queued_for() -> None:
 def test_a_permit_waiter_that_gives_up_leaves_the_queue_and_the_next_is_served() -> None:
     name = "quit-sem"
     held = acquire_permit(name, limit=1, holder="holder", ttl=60)
+    # The patient waiter must queue behind the quitter before it gives up: a
+    # thread start and one attempt, given seconds to spare on a loaded machine.
     quitter, quit_outcome = in_thread(
-        lambda: acquire_permit(name, limit=1, holder="quitter", ttl=30, wait=2)
+        lambda: acquire_permit(name, limit=1, holder="quitter", ttl=30, wait=6)
     )
     wait_for(lambda: queued(name) == 1, what="the quitter queued")
     patient, patient_outcome = in_thread(

@@ -22,7 +22,7 @@ from django.db.models import F
 
 from coordination import locks
 from coordination.exceptions import LockHeld
-from coordination.models import Grant
+from coordination.models import Grant, GrantEnd
 from coordination.semaphores import acquire_permit
 from project.demo.models import Account
 from tests.support.factories import AccountFactory
@@ -54,26 +54,39 @@ def test_a_reentrant_lease_is_not_shared_with_another_thread() -> None:
 
 
 @pytest.mark.usefixtures("grant_point")
-def test_acquire_many_with_wait_is_granted_once_the_held_key_is_released() -> None:
+def test_acquire_many_with_wait_is_granted_once_the_held_key_is_released(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     held = locks.acquire("pair:b", holder="other", ttl=30)
-    release_now = threading.Event()
+    # The key is released only once the waiter has been refused and waits (its
+    # sleep between two attempts runs), so the grant can only come by way of
+    # the wait path, never from a first try that found the key already free.
+    waiting = threading.Event()
+    sleep = locks._Waiter.sleep
+
+    def observed_sleep(waiter: Any, pause: float) -> None:
+        waiting.set()
+        sleep(waiter, pause)
+
+    monkeypatch.setattr(locks._Waiter, "sleep", observed_sleep)
 
     def waiter(_: int) -> dict[str, int]:
-        release_now.set()
         grants = locks.acquire_many(["pair:a", "pair:b"], holder="mover", ttl=30, wait=30)
         return {key: lease.token for key, lease in grants.items()}
 
     def releaser() -> None:
-        release_now.wait(30)
-        locks.release(held)
+        if waiting.wait(30):
+            locks.release(held)
 
     thread = threading.Thread(target=releaser)
     thread.start()
     try:
         (tokens,) = run_in_threads(1, waiter)
     finally:
+        waiting.set()  # the releaser never waits past a failure
         thread.join(30)
     assert tokens == {"pair:a": 1, "pair:b": held.token + 1}
+    assert Grant.objects.get(lock__key="pair:b", token=held.token).end_reason == GrantEnd.RELEASED
 
 
 @pytest.mark.postgres

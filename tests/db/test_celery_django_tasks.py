@@ -33,6 +33,12 @@ needs_django_tasks = pytest.mark.skipif(not HAS_DJANGO_TASKS, reason="django.tas
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
+#: The kept-alive tasks' lease: the shortest one the docs call safe with the
+#: keep-alive, so a stall of a loaded machine never decides these tests.
+TTL = 5.0
+#: A body that outlives its lease as first granted, by more than scheduling slack.
+HOLD = TTL + 1.5
+
 
 def test_without_django_tasks_the_decorator_refuses_clearly() -> None:
     if HAS_DJANGO_TASKS:
@@ -44,21 +50,21 @@ def test_without_django_tasks_the_decorator_refuses_clearly() -> None:
 if HAS_DJANGO_TASKS:
     from django.tasks import TaskResultStatus
 
-    @contrib_tasks.fenced_task(lock="account:{account_id}", ttl=2)
+    @contrib_tasks.fenced_task(lock="account:{account_id}", ttl=TTL)
     def settle(account_id: int, amount: str, hold: float = 0.0) -> dict[str, Any]:
         grant = locks.current_grant()
         assert grant is not None
         account = Account.objects.get(pk=account_id)
-        time.sleep(hold)  # longer than the 2 s lease: the keep-alive renews it
+        time.sleep(hold)  # longer than the lease: the keep-alive renews it
         Account.objects.filter(pk=account_id).fenced_update(balance=account.balance + Decimal(amount))
         return {"token": grant.token, "key": grant.key}
 
-    @contrib_tasks.fenced_task(lock="account:{account_id}", ttl=2)
+    @contrib_tasks.fenced_task(lock="account:{account_id}", ttl=TTL)
     async def settle_async(account_id: int, amount: str, hold: float = 0.0) -> dict[str, Any]:
         grant = locks.current_grant()
         assert grant is not None
         account = await Account.objects.aget(pk=account_id)
-        await asyncio.sleep(hold)  # longer than the 2 s lease: the async keep-alive renews it
+        await asyncio.sleep(hold)  # longer than the lease: the async keep-alive renews it
         await Account.objects.filter(pk=account_id).afenced_update(
             balance=account.balance + Decimal(amount)
         )
@@ -84,7 +90,7 @@ def test_each_run_takes_a_new_grant_that_fenced_writes_use_and_releases_it() -> 
     account = AccountFactory(balance=Decimal("10.00"))
 
     first = settle.enqueue(account.pk, "5.00")
-    second = settle.enqueue(account.pk, "1.00", hold=4.5)
+    second = settle.enqueue(account.pk, "1.00", hold=HOLD)
 
     assert first.status == TaskResultStatus.SUCCESSFUL, first.errors
     assert second.status == TaskResultStatus.SUCCESSFUL, second.errors
@@ -92,8 +98,8 @@ def test_each_run_takes_a_new_grant_that_fenced_writes_use_and_releases_it() -> 
     assert second.return_value["token"] == 2
     grants = list(Grant.objects.filter(lock__key=f"account:{account.pk}").order_by("token"))
     assert [g.end_reason for g in grants] == [GrantEnd.RELEASED, GrantEnd.RELEASED]
-    # The 4.5 s run outlived its 2 s lease only because the keep-alive renewed it.
-    assert (grants[1].ended_at - grants[1].acquired_at).total_seconds() >= 4.5
+    # The run outlived its lease only because the keep-alive renewed it.
+    assert (grants[1].ended_at - grants[1].acquired_at).total_seconds() >= HOLD
     refreshed = Account.objects.get(pk=account.pk)
     assert (refreshed.balance, refreshed.fence) == (Decimal("16.00"), 2)
     assert locks.current_grant() is None
@@ -139,7 +145,7 @@ def test_context_argument_is_not_part_of_the_key_and_names_the_holder() -> None:
 def test_an_async_task_body_holds_its_grant_while_awaited_and_releases_it() -> None:
     account = AccountFactory(balance=Decimal("10.00"))
     try:
-        result = settle_async.enqueue(account.pk, "2.50", hold=3.0)
+        result = settle_async.enqueue(account.pk, "2.50", hold=HOLD)
     finally:
         aio.close_threads()
 
@@ -147,8 +153,8 @@ def test_an_async_task_body_holds_its_grant_while_awaited_and_releases_it() -> N
     assert result.return_value == {"token": 1, "key": f"account:{account.pk}"}
     grant = Grant.objects.get(lock__key=f"account:{account.pk}")
     assert grant.end_reason == GrantEnd.RELEASED
-    # The 3 s body outlived its 2 s lease only because the async keep-alive renewed it.
-    assert (grant.ended_at - grant.acquired_at).total_seconds() >= 3.0
+    # The body outlived its lease only because the async keep-alive renewed it.
+    assert (grant.ended_at - grant.acquired_at).total_seconds() >= HOLD
     refreshed = Account.objects.get(pk=account.pk)
     assert (refreshed.balance, refreshed.fence) == (Decimal("12.50"), 1)
 

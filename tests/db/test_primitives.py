@@ -235,8 +235,11 @@ def test_permit_names_and_limits_are_checked() -> None:
 
 
 def test_a_paused_permit_holder_is_refused_by_its_slots_fence_and_the_other_slot_runs_on() -> None:
-    paused = acquire_permit("report", limit=2, holder="paused", ttl=0.5)
+    # The other slot is taken first: taken after, it could find the paused
+    # holder's short permit already run out and take that slot instead.
     running = acquire_permit("report", limit=2, holder="running", ttl=30)
+    paused = acquire_permit("report", limit=2, holder="paused", ttl=0.5)
+    assert paused.key != running.key
     with fence(paused.key, paused):
         pass
     wait_until_database_time_passes(paused.expires_at)

@@ -33,6 +33,7 @@ from tests.support.celery_workers import (
     wait_until_workers_disconnect,
 )
 from tests.support.factories import AccountFactory
+from tests.support.pausing import paused
 from tests.support.waiting import wait_for, wait_until_database_time_passes
 
 # Real workers on a Redis broker, paused and killed: on SQLite a paused worker that
@@ -109,14 +110,13 @@ def test_sigstop_timeline_late_worker_is_rejected_and_newer_balance_stays(
     send(tasks.deposit_plain_lease, a.queue, broker, account.pk, "10",
          kwargs={"report": str(report), "pause_once": str(pause)})
     t0 = wait_for_event(report, lambda e: e["event"] == "acquired", workers=[a])
-    a.pause(t0["pid"])  # t1: A stops, holding token n, having read 100
-    wait_until_database_time_passes(dt.datetime.fromisoformat(t0["expires_at"]), margin=0.2)  # t2
+    with paused(t0["pid"]):  # t1: A stops, holding token n, having read 100
+        wait_until_database_time_passes(dt.datetime.fromisoformat(t0["expires_at"]), margin=0.2)  # t2
 
-    send(tasks.deposit_plain_lease, b.queue, broker, account.pk, "50", kwargs={"report": str(report)})
-    t3 = wait_for_event(report, lambda e: e["event"] == "written", workers=[b])
-    assert t3["token"] == t0["token"] + 1
-
-    a.resume(t0["pid"])  # t4
+        send(tasks.deposit_plain_lease, b.queue, broker, account.pk, "50", kwargs={"report": str(report)})
+        t3 = wait_for_event(report, lambda e: e["event"] == "written", workers=[b])
+        assert t3["token"] == t0["token"] + 1
+    # t4: A resumes
     (tmp_path / "pause-a.go").touch()
     late = wait_for_event(report, lambda e: e["event"] == "refused", workers=[a])
 
@@ -153,13 +153,10 @@ def test_redelivered_copy_of_one_task_id_gets_its_own_token_and_only_the_newest_
         send(tasks.deposit, queue, broker, account.pk, "10", task_id=task_id,
              kwargs={"report": str(report), "pause_once": str(pause)})
         first = wait_for_event(report, lambda e: e["event"] == "acquired", workers=pair)
-        os.kill(first["pid"], signal.SIGSTOP)
-        try:
+        with paused(first["pid"]):
             second = wait_for_event(
                 report, lambda e: e["event"] == "written", timeout=45, workers=pair
             )
-        finally:
-            os.kill(first["pid"], signal.SIGCONT)
         (tmp_path / "pause-first-copy.go").touch()
         late = wait_for_event(report, lambda e: e["event"] == "refused", workers=pair)
     finally:
@@ -257,12 +254,13 @@ def test_keepalive_marks_the_grant_lost_after_a_pause_past_its_lease_and_later_w
          kwargs={"report": str(report), "pause_once": str(pause)})
     started = wait_for_event(report, lambda e: e["event"] == "acquired", workers=[worker])
 
-    worker.pause(started["pid"])
-    # A renewal that landed (or was under way) before the pause gives the lease at
-    # most one ttl from now: wait past that, by the database's clock.
-    paused_at = locks.database_now()
-    wait_until_database_time_passes(paused_at + dt.timedelta(seconds=tasks.KEEPALIVE_TTL), margin=0.5)
-    worker.resume(started["pid"])
+    with paused(started["pid"]):
+        # A renewal that landed (or was under way) before the pause gives the lease at
+        # most one ttl from now: wait past that, by the database's clock.
+        paused_at = locks.database_now()
+        wait_until_database_time_passes(
+            paused_at + dt.timedelta(seconds=tasks.KEEPALIVE_TTL), margin=0.5
+        )
     wait_for_event(report, lambda e: e["event"] == "lease_lost", workers=[worker])
     (tmp_path / "pause.go").touch()
     refused = wait_for_event(report, lambda e: e["event"] == "refused", workers=[worker])
@@ -515,12 +513,11 @@ def test_concurrency_permit_holder_paused_past_its_lease_is_refused_by_its_slots
         send(tasks.capped_export_plain_lease, a.queue, broker, name,
              kwargs={**arguments, "pause_once": str(pause)})
         t0 = wait_for_event(report, lambda e: e["event"] == "acquired", workers=[a])
-        a.pause(t0["pid"])
-        wait_until_database_time_passes(dt.datetime.fromisoformat(t0["expires_at"]), margin=0.2)
+        with paused(t0["pid"]):
+            wait_until_database_time_passes(dt.datetime.fromisoformat(t0["expires_at"]), margin=0.2)
 
-        send(tasks.capped_export_plain_lease, b.queue, broker, name, kwargs=arguments)
-        t3 = wait_for_event(report, lambda e: e["event"] == "written", workers=[b])
-        a.resume(t0["pid"])
+            send(tasks.capped_export_plain_lease, b.queue, broker, name, kwargs=arguments)
+            t3 = wait_for_event(report, lambda e: e["event"] == "written", workers=[b])
         (tmp_path / "pause-a.go").touch()
         late = wait_for_event(report, lambda e: e["event"] == "refused", workers=[a])
     finally:

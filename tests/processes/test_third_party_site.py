@@ -55,6 +55,7 @@ from typing import Any
 import pytest
 
 from tests.support.legs import missing_service
+from tests.support.pausing import paused
 
 REPO = Path(__file__).resolve().parents[2]
 # The tutorial holds the Installation section (the README points to it).
@@ -666,20 +667,19 @@ def seed_story(shop: Shop, worker: Background, tmp_path: Path) -> Story:
         f"late_writer.delay({order_id}, 'paid-by-a', {str(report)!r}, {str(resume)!r})\nprint('{{}}')"
     )
     read = wait_for_event(report, "read", worker)
-    os.kill(read["pid"], signal.SIGSTOP)  # the task's own process: the seed's pause
     try:
-        # B waits for A's lease to run out by the database clock (A cannot release it).
-        b = shop.python(
-            "import json\nfrom coordination import locks\nfrom orders.models import Order\n"
-            f"grant = locks.acquire({key!r}, holder='writer-b', ttl=30, wait=120)\n"
-            f"Order.objects.filter(pk={order_id}).fenced_update(grant, status='refunded-by-b')\n"
-            "locks.release(grant)\n"
-            "print(json.dumps({'token': grant.token}))"
-        )
-        assert b["token"] > read["token"]
+        with paused(read["pid"]):  # the task's own process: the seed's pause
+            # B waits for A's lease to run out by the database clock (A cannot release it).
+            b = shop.python(
+                "import json\nfrom coordination import locks\nfrom orders.models import Order\n"
+                f"grant = locks.acquire({key!r}, holder='writer-b', ttl=30, wait=120)\n"
+                f"Order.objects.filter(pk={order_id}).fenced_update(grant, status='refunded-by-b')\n"
+                "locks.release(grant)\n"
+                "print(json.dumps({'token': grant.token}))"
+            )
+            assert b["token"] > read["token"]
     finally:
         resume.touch()
-        os.kill(read["pid"], signal.SIGCONT)
     refused = wait_for_event(report, "refused", worker)
     assert refused == {"event": "refused", "token": read["token"], "code": "stale_token"}
     assert not [item for item in events(report) if item["event"] == "written"]

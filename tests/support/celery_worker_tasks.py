@@ -90,11 +90,11 @@ def deposit(
     return _deposit(self, account_id, amount, report, pause_once, hold)
 
 
-@fenced_task(lock="account:{account_id}", ttl=3.0, bind=True)
+@fenced_task(lock="account:{account_id}", ttl=KEEPALIVE_TTL, bind=True)
 def deposit_long_lease(
     self: Any, account_id: int, amount: str, *, report: str, pause_once: str = "", hold: float = 0.0
 ) -> Any:
-    """A 3 s lease: long enough that a requeued copy still finds it held."""
+    """A kept-alive lease long enough that a requeued copy still finds it held."""
     return _deposit(self, account_id, amount, report, pause_once, hold)
 
 

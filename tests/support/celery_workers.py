@@ -99,26 +99,15 @@ class Worker:
     queue: str
     process: subprocess.Popen[bytes]
     log: Path
-    stopped: set[int] = field(default_factory=set)
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
-    def pause(self, pid: int) -> None:
-        """SIGSTOP one of this worker's processes (the task's own, from its report)."""
-        os.kill(pid, signal.SIGSTOP)
-        self.stopped.add(pid)
-
-    def resume(self, pid: int) -> None:
-        os.kill(pid, signal.SIGCONT)
-        self.stopped.discard(pid)
-
     def stop(self) -> None:
-        for pid in list(self.stopped):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
         # Nothing of a test worker needs a graceful shutdown: leases expire, the
         # test's queues are deleted, and the database drops the connections.
+        # SIGKILL ends a stopped process too (tests pause one with
+        # tests.support.pausing.paused, which resumes it whatever happens).
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)  # the worker and its pool children
         self.process.wait(10)

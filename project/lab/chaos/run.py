@@ -81,6 +81,10 @@ class ChaosConfig:
     # guard disabled, WAL shipping stopped for lag_seconds before the primary dies).
     unsafe: bool = False
     lag_seconds: float = 3.0
+    # With patroni: the run goes on past ``seconds`` (up to ``extend_up_to`` more)
+    # until at least this many cluster faults were injected, so that a slow
+    # recovery of the cluster cannot leave a run without the failovers it is for.
+    min_cluster_faults: int = 0
 
 
 @dataclass
@@ -186,15 +190,19 @@ class ChaosRun:
         # checker says. On a loaded machine the random pauses may all miss (too
         # short, or nobody took the lock over meanwhile), so the run goes on past
         # ``seconds``, pausing holders for longer than a lease, until one bit or
-        # ``extend_up_to`` more seconds have passed.
+        # ``extend_up_to`` more seconds have passed. So does a run whose cluster
+        # faults have not all come yet (``min_cluster_faults``).
         extended = False
-        limit = deadline + (config.extend_up_to if "pause" in kinds and not config.unsafe else 0.0)
+        needs_stale_write = "pause" in kinds and not config.unsafe
+        needs_cluster_faults = self.cluster_faults is not None and config.min_cluster_faults > 0
+        limit = deadline + (config.extend_up_to if needs_stale_write or needs_cluster_faults else 0.0)
         next_look = deadline
         while (now := time.monotonic()) < limit:
             if now >= deadline and now >= next_look:
-                if self._stale_write_attempted():
+                stale_write_missing = needs_stale_write and not self._stale_write_attempted()
+                if not stale_write_missing and self._cluster_faults_injected() >= config.min_cluster_faults:
                     break
-                if not extended:
+                if stale_write_missing and not extended:
                     extended = True
                     self._say(f"chaos: no stale write attempted in {config.seconds:g} s; running on "
                               f"(pauses longer than a lease) for up to {config.extend_up_to:g} s more")
@@ -539,6 +547,9 @@ class ChaosRun:
         self._say(f"chaos: t+{time.monotonic() - self.started:5.1f}s fault {kind} "
                   f"{fault.get('worker', '')}".rstrip())
         return True
+
+    def _cluster_faults_injected(self) -> int:
+        return self.cluster_faults.injected if self.cluster_faults is not None else 0
 
     def _stale_write_attempted(self) -> bool:
         """Whether the history so far holds a write with a token older than one
