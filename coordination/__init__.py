@@ -15,6 +15,22 @@ The public API lives in documented modules:
 - :mod:`coordination.testing`: a pytest plugin for your own tests
   (``pytest_plugins = ["coordination.testing"]``; the ``fencing_race`` fixture).
 - :mod:`coordination.exceptions`: ``CoordinationError`` and its subclasses.
+
+And here, for operators and data migrations: ``coordination.unfenced(reason=...)``,
+the audited way to save stale instances of fenced models
+(:func:`coordination.fencing.unfenced`).
 """
 
+from typing import Any
+
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    # Imported on first use: the package is imported before Django's apps are
+    # ready (settings, INSTALLED_APPS), and fencing imports the models.
+    if name == "unfenced":
+        from .fencing import unfenced
+
+        return unfenced
+    raise AttributeError(f"module 'coordination' has no attribute {name!r}")

@@ -34,7 +34,7 @@ from django import forms
 from django.apps import apps as django_apps
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
-from django.contrib.admin.utils import unquote
+from django.contrib.admin.utils import flatten_fieldsets, unquote
 from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
 from django.db.models import (
@@ -59,7 +59,7 @@ from django.utils.translation import ngettext
 from . import access, dashboard, documents, fencing, locks
 from .conf import app_settings
 from .election import ROLE_PREFIX
-from .exceptions import InvalidInput, StaleToken, UnfencedWrite
+from .exceptions import InvalidInput, StaleInstance, StaleToken, UnfencedWrite
 from .models import (
     KEY_MAX_LENGTH,
     AcceptedWrite,
@@ -77,6 +77,7 @@ from .models import (
     Rejection,
     Role,
     TokenFloor,
+    UnfencedSave,
     validate_key,
 )
 
@@ -99,15 +100,49 @@ class HistoryAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return False
 
 
+# The change form's hidden field: the watermark of the row as the page showed it.
+WATERMARK_FIELD = "coordination_watermark"
+
+
+class _CarriedWatermark(forms.Form):
+    """Carries the row's watermark from the page the user edited to the save, so a
+    form loaded before a newer write is refused like any stale instance."""
+
+    coordination_watermark = forms.CharField(widget=forms.HiddenInput, required=False)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        instance = getattr(self, "instance", None)
+        if isinstance(instance, fencing.FencedModel) and instance.pk is not None:
+            token, step = instance.carried_watermark()
+            self.fields[WATERMARK_FIELD].initial = f"{token},{step}"
+
+    def clean_coordination_watermark(self) -> tuple[int, int]:
+        try:
+            token, step = (int(part) for part in self.cleaned_data[WATERMARK_FIELD].split(","))
+        except ValueError:
+            raise forms.ValidationError(
+                _("This form does not say which version of the row it edits; reload the page "
+                  "and make the change again."),
+                code="no_watermark",
+            ) from None
+        return token, step
+
+
 class FencedModelAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     """Admin for a user's :class:`~coordination.fencing.FencedModel`: a write the
-    watermark triggers refuse is shown as an error message, not a server error.
+    fences refuse is shown as an error message, not a server error.
 
     An admin edit is a plain ``save()``: it never changes the watermark (rule 8
-    of docs/rules.md), and on a ``fence_strict`` model the database refuses it
-    (``UnfencedWrite``), as it refuses a bulk action that would lower a
-    watermark (``StaleToken``). Nothing is saved; the page is shown again with
-    the reason. Subclass it as you would ``admin.ModelAdmin``.
+    of docs/rules.md). The change form carries the row's watermark as the page
+    showed it (a hidden field), so a page loaded before a newer write is
+    refused (``StaleInstance``) instead of overwriting that write. On a
+    ``fence_strict`` model the database refuses every edit (``UnfencedWrite``),
+    as it refuses a bulk action that would lower a watermark (``StaleToken``).
+    Nothing is saved; the page is shown again, as the row is now, with the
+    reason. The list's editable columns save the rows as the POST finds them:
+    they are not checked against the page. Subclass it as you would
+    ``admin.ModelAdmin``.
 
     Access rules apply as on the app's own pages: a user limited by rules sees
     the rows whose lock key (``fence_lock``) their rules let them read, and
@@ -127,13 +162,42 @@ class FencedModelAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def _writable(self, request: HttpRequest, obj: Any) -> bool:
         return obj is None or access.for_request(request).allows("write", fencing.lock_key_of(obj))
 
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        fieldsets = super().get_fieldsets(request, obj)
+        # Only a form that can be saved carries it (a view-only page shows fields
+        # read-only, and this one has nothing to show).
+        if (
+            obj is None or WATERMARK_FIELD in flatten_fieldsets(fieldsets)
+            or not self.has_change_permission(request, obj)
+        ):
+            return fieldsets
+        return [*fieldsets, (None, {"fields": [WATERMARK_FIELD]})]
+
+    def get_form(
+        self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
+    ) -> Any:
+        # The model form is made without the hidden field (it is no model field),
+        # which is then added to it for a change of an existing row.
+        if kwargs.get("fields"):
+            kwargs["fields"] = [name for name in kwargs["fields"] if name != WATERMARK_FIELD]
+        form = super().get_form(request, obj, change=change, **kwargs)
+        if obj is None:
+            return form
+        return type(form.__name__, (_CarriedWatermark, form), {})
+
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        carried = form.cleaned_data.get(WATERMARK_FIELD) if change else None
+        if carried is not None:
+            obj.fence, obj.fence_step = carried
+        super().save_model(request, obj, form, change)
+
     def changeform_view(
         self, request: HttpRequest, object_id: str | None = None, form_url: str = "",
         extra_context: dict[str, Any] | None = None,
     ) -> HttpResponse:
         try:
             return super().changeform_view(request, object_id, form_url, extra_context)
-        except (UnfencedWrite, StaleToken) as refused:
+        except (StaleInstance, UnfencedWrite, StaleToken) as refused:
             return self._refused(request, refused)
 
     def changelist_view(
@@ -142,12 +206,22 @@ class FencedModelAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         # list_editable and actions save from here.
         try:
             return super().changelist_view(request, extra_context)
-        except (UnfencedWrite, StaleToken) as refused:
+        except (StaleInstance, UnfencedWrite, StaleToken) as refused:
             return self._refused(request, refused)
 
-    def _refused(self, request: HttpRequest, refused: UnfencedWrite | StaleToken) -> HttpResponse:
+    def _refused(
+        self, request: HttpRequest, refused: StaleInstance | UnfencedWrite | StaleToken
+    ) -> HttpResponse:
         # Raised out of the view's atomic block: the transaction was rolled back.
-        self.message_user(request, f"Not saved: {refused.detail}", messages.ERROR)
+        if isinstance(refused, StaleInstance):
+            detail = (
+                f"{refused.resource} was changed by a newer write since this page was loaded "
+                f"(its watermark is now {refused.current_token}, {refused.current_step}). "
+                "The page now shows the row as it is: make the change again."
+            )
+        else:
+            detail = refused.detail
+        self.message_user(request, f"Not saved: {detail}", messages.ERROR)
         return HttpResponseRedirect(request.get_full_path())
 
 
@@ -736,6 +810,30 @@ class RejectionAdmin(HistoryAdmin):
         if rejection.watermark_token is None:
             return "-"
         return f"{rejection.watermark_token}, {rejection.watermark_step}"
+
+
+@admin.register(UnfencedSave)
+class UnfencedSaveAdmin(HistoryAdmin):
+    """Saves of stale instances an operator let through with ``coordination.unfenced()``."""
+
+    list_display = ["created_at", "resource", "lock", "by", "reason", "carried", "watermark"]
+    search_fields = ["resource", "lock_key", "by", "reason"]
+    date_hierarchy = "created_at"
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[UnfencedSave]:
+        return _readable(request, super().get_queryset(request), "lock_key")
+
+    @admin.display(description=_("lock"), ordering="lock_key")
+    def lock(self, row: UnfencedSave) -> str:
+        return _timeline_link(row.lock_key)
+
+    @admin.display(description=_("instance's watermark (token, step)"))
+    def carried(self, row: UnfencedSave) -> str:
+        return f"{row.token}, {row.step}"
+
+    @admin.display(description=_("row's watermark, kept (token, step)"))
+    def watermark(self, row: UnfencedSave) -> str:
+        return f"{row.watermark_token}, {row.watermark_step}"
 
 
 @admin.register(AcceptedWrite)

@@ -514,7 +514,11 @@ def check_watermark_triggers(
             Warning(
                 f"Table {watermark.table!r} on database {alias!r} has no watermark trigger "
                 f"{'(strict) ' if watermark.strict else ''}as this version of coordination "
-                "defines it: an UPDATE could lower its watermark.",
+                "defines it: an UPDATE could lower its watermark"
+                + (
+                    ", or a row deleted and inserted again start below it."
+                    if watermark.tombstones else "."
+                ),
                 hint=f"Run manage.py migrate --database {alias}: it installs the triggers.",
                 id="coordination.W005",
             )

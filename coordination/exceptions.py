@@ -249,6 +249,40 @@ class UnfencedWrite(CoordinationError):
 
 
 
+class StaleInstance(CoordinationError):
+    """A ``save()`` of a FencedModel instance loaded before the row's watermark rose:
+    a fenced write (or another instance's) changed the row since, and saving this
+    instance's values would overwrite it. Nothing was written.
+
+    ``watermark`` is the (fence, fence_step) the instance carries, ``current_token``
+    and ``current_step`` the row's. Reload the instance (``refresh_from_db()``) and
+    make the change again, or write under a grant (``fenced_save()``); an operator
+    who means to overwrite says so with ``coordination.unfenced(reason=...)``.
+    """
+
+    code = "stale_instance"
+    status_code = 409
+    default_detail = "The row changed since this instance was loaded; reload it and try again."
+
+    def __init__(
+        self, resource: str, token: int, step: int, current_token: int, current_step: int
+    ) -> None:
+        self.resource = resource
+        self.token = token
+        self.step = step
+        self.current_token = current_token
+        self.current_step = current_step
+        super().__init__(
+            f"{resource} was loaded at watermark ({token}, {step}) but the row is at "
+            f"({current_token}, {current_step}): a newer write changed it, so saving this "
+            "instance would overwrite that write; nothing was saved. Reload it with "
+            "refresh_from_db() and redo the change, or write it under a grant with "
+            "fenced_save()",
+            current_token=current_token,
+            current_step=current_step,
+        )
+
+
 class WrongLock(CoordinationError):
     """The grant belongs to another lock key than the one guarding the resource."""
 

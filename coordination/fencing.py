@@ -26,11 +26,15 @@ Every refusal is recorded as a :class:`~coordination.models.Rejection`.
 from __future__ import annotations
 
 import copy
+import getpass
 import json
 import logging
+import os
 import re
+import socket
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
+from contextvars import ContextVar
 from functools import cache, lru_cache
 from typing import Any, ClassVar, NamedTuple, NoReturn, TypeVar, cast, overload
 
@@ -57,6 +61,7 @@ from .exceptions import (
     InvalidInput,
     LeaseLost,
     NoGrant,
+    StaleInstance,
     StaleToken,
     UnfencedWrite,
     WrongLock,
@@ -73,6 +78,7 @@ from .models import (
     Rejection,
     RejectionReason,
     TokenFloor,
+    UnfencedSave,
     validate_key,
 )
 
@@ -89,6 +95,7 @@ __all__ = [
     "lock_key_of",
     "raise_fence_to_lock",
     "record_rejection",
+    "unfenced",
 ]
 
 logger = logging.getLogger("coordination.fencing")
@@ -461,6 +468,36 @@ class _Admits(Expression):
         return sql, tuple(params)
 
 
+class _NotAbove(Expression):
+    """The rows a plain ``save()`` may write: ``(fence, fence_step) <= (token, step)``,
+    the watermark the instance carries, as one row comparison (cheaper to
+    compile on every save than the equivalent Q tree, as :class:`_Admits`)."""
+
+    output_field = models.BooleanField()
+
+    def __init__(self, model: type[models.Model], token: int, step: int, alias: str | None) -> None:
+        super().__init__()
+        self.columns = _fence_columns(model)
+        self.params = (token, step)
+        self.alias = alias
+
+    def resolve_expression(self, *args: Any, **kwargs: Any) -> _NotAbove:
+        return self
+
+    def relabeled_clone(self, change_map: Mapping[str, str]) -> _NotAbove:
+        clone = copy.copy(self)
+        if clone.alias is not None:
+            clone.alias = change_map.get(clone.alias, clone.alias)
+        return clone
+
+    def as_sql(self, compiler: Any, connection: Any) -> tuple[str, tuple[Any, ...]]:
+        quote = connection.ops.quote_name
+        quote_alias = getattr(compiler, "quote_name", None) or compiler.quote_name_unless_alias
+        table = f"{quote_alias(self.alias)}." if self.alias else ""
+        fence, step = (table + quote(column) for column in self.columns)
+        return f"({fence}, {step}) <= (%s, %s)", self.params
+
+
 def _admits_sql(
     table: str, quote: Callable[[str], str], fence_columns: tuple[str, str],
     bound_columns: Sequence[str],
@@ -504,6 +541,58 @@ def _fence_columns(model: type[models.Model]) -> tuple[str, str]:
         cast(str, meta.get_field("fence").column),  # type: ignore[union-attr]
         cast(str, meta.get_field("fence_step").column),  # type: ignore[union-attr]
     )
+
+
+class _Override(NamedTuple):
+    reason: str
+    by: str
+
+
+# The unfenced() block the current thread or task is in, if any.
+_override: ContextVar[_Override | None] = ContextVar("coordination_unfenced", default=None)
+
+
+@contextmanager
+def unfenced(*, reason: str, by: str | None = None) -> Iterator[None]:
+    """Let saves of stale FencedModel instances through, for operators and data migrations.
+
+    By default a ``save()`` of an instance loaded before the row's watermark
+    rose is refused (``StaleInstance``). Inside this block it writes the
+    instance's values over the newer ones instead, and each save it lets
+    through is audited: a WARNING on the ``coordination.fencing`` logger
+    (resource, both watermarks, ``reason``, ``by``) and an
+    :class:`~coordination.models.UnfencedSave` row, written in the same
+    transaction as the save. Entering the block is logged at WARNING too.
+
+    It never lowers a watermark: ``save()`` does not write it, and the
+    database refuses any UPDATE that would, whatever runs it. It does not
+    lift ``fence_strict`` either: such a model's rows are written under a
+    grant only. Saves of instances that are not stale, inserts and other
+    write paths behave as outside the block.
+
+    ``reason`` says why (required, not blank); ``by`` who (default: the OS
+    user, host and process id). Scoped to the current thread or asyncio task.
+    """
+    if not isinstance(reason, str) or not reason.strip():
+        raise InvalidInput("unfenced() needs a reason: say why stale instances may be saved")
+    who = by if by else _process_identity()
+    logger.warning(
+        "unfenced block entered %s", LogFields(reason=reason, by=who),
+        extra={"coordination": {"event": "unfenced", "reason": reason, "by": who}},
+    )
+    token = _override.set(_Override(reason, who))
+    try:
+        yield
+    finally:
+        _override.reset(token)
+
+
+def _process_identity() -> str:
+    try:
+        user = getpass.getuser()
+    except (OSError, KeyError):  # no name for the uid (a container's)
+        user = f"uid {os.getuid()}"
+    return f"{user}@{socket.gethostname()} pid {os.getpid()}"
 
 
 class WatermarkField(models.BigIntegerField):  # type: ignore[type-arg]
@@ -552,6 +641,14 @@ class FencedModel(models.Model):
     also refuses every UPDATE that does not raise it, so only ``fenced_update()``
     and ``fenced_save()`` can change a row; switching it on or off takes effect
     at the next ``migrate``.
+
+    A ``save()`` of an instance loaded before the row's watermark rose is
+    refused (``StaleInstance``): the instance carries the watermark it was
+    loaded with (its ``fence`` and ``fence_step``, or what its own
+    ``fenced_save()`` wrote), and the UPDATE only writes a row whose watermark
+    is not above it. ``coordination.unfenced()`` lets such a save through,
+    audited. A deleted row's watermark is kept, and a row inserted again with
+    its primary key starts above it.
     """
 
     fence = WatermarkField(default=0, db_default=0, editable=False)
@@ -574,11 +671,23 @@ class FencedModel(models.Model):
         ]
 
     def save(self, *args: Any, **kwargs: Any) -> None:
-        """Django's ``save()``, never writing the watermark of an existing row.
+        """Django's ``save()``, refused for a stale instance, never writing the
+        watermark of an existing row.
+
+        Raises ``StaleInstance`` if the row's watermark is above the one this
+        instance carries (a newer write changed the row since it was loaded),
+        with ``update_fields`` or without; nothing is written. Reload it with
+        ``refresh_from_db()`` and redo the change, or write under a grant with
+        :meth:`fenced_save`. The check is part of the UPDATE (``WHERE (fence,
+        fence_step) <= (carried)``), so no write can slip in between. An
+        instance loaded without its watermark (``only()``, ``defer()``)
+        carries (0, 0).
 
         On a ``fence_strict`` model the database refuses it: ``UnfencedWrite``
         instead of its ``IntegrityError`` (write such rows with
-        :meth:`fenced_save`). An insert writes the instance's watermark as it is.
+        :meth:`fenced_save`). An insert writes the instance's watermark, or
+        the deleted row's if one was deleted with this primary key and that is
+        higher (the instance then carries it).
         """
         try:
             super().save(*args, **kwargs)
@@ -589,6 +698,138 @@ class FencedModel(models.Model):
             if refused is None:
                 raise
             raise refused from error
+
+    def carried_watermark(self) -> tuple[int, int]:
+        """The (fence, fence_step) this instance carries: as loaded, or as its own
+        fenced write or insert left them; (0, 0) where it was loaded without them.
+        Read without touching the database (a deferred field is not loaded)."""
+        values = self.__dict__
+        fence, step = values.get("fence"), values.get("fence_step")
+        if isinstance(fence, int) and isinstance(step, int):
+            return fence, step
+        return 0, 0
+
+    def _do_update(  # type: ignore[override]  # Django 5.2 has no returning_fields
+        self, base_qs: models.QuerySet[Any], using: str, pk_val: Any, values: Any,
+        update_fields: Any, forced_update: bool, *args: Any,
+    ) -> Any:
+        # Django's UPDATE of one table for save(), narrowed to a row whose watermark
+        # is not above the carried one. No row updated is then either no row
+        # (Django inserts it, as before) or a stale instance: told apart by
+        # reading the row. A watermark only rises, so a row found above the
+        # carried watermark was above it at the UPDATE too.
+        model: type[models.Model] = base_qs.model
+        if not values or not _has_watermark(model):
+            return super()._do_update(
+                base_qs, using, pk_val, values, update_fields, forced_update, *args
+            )
+        token, step = self.carried_watermark()
+        if _own_watermark(model) is None:  # a multi-table child: its parent's row, joined
+            guarded = base_qs.filter(Q(fence__lt=token) | Q(fence=token, fence_step__lte=step))
+        else:
+            guarded = base_qs.all()
+            query = guarded.query
+            query.where.add(_NotAbove(model, token, step, query.get_initial_alias()), AND)
+        updated = super()._do_update(
+            guarded, using, pk_val, values, update_fields, forced_update, *args
+        )
+        if updated:
+            return updated
+        current = base_qs.filter(pk=pk_val).values_list("fence", "fence_step").first()
+        if current is None or current <= (token, step):
+            return updated  # no row (or one inserted since): Django's own path
+        resource = f"{self._meta.label_lower}:{pk_val}"
+        override = _override.get()
+        if override is None:
+            logger.warning(
+                "save refused %s",
+                LogFields(
+                    reason="stale_instance", resource=resource, token=token, step=step,
+                    watermark_token=current[0], watermark_step=current[1],
+                ),
+                extra={
+                    "coordination": {
+                        "event": "save_refused", "reason": "stale_instance",
+                        "resource": resource, "token": token, "step": step,
+                        "watermark_token": current[0], "watermark_step": current[1],
+                    }
+                },
+            )
+            raise StaleInstance(resource, token, step, current[0], current[1])
+        # The escape hatch: the plain UPDATE (the watermark column still set to
+        # itself, and the triggers still refusing a lowering), with its audit
+        # row in the same transaction.
+        with transaction.atomic(using=using):
+            updated = super()._do_update(
+                base_qs, using, pk_val, values, update_fields, forced_update, *args
+            )
+            if updated:
+                written = base_qs.filter(pk=pk_val).values_list("fence", "fence_step").first()
+                mark = written or current
+                UnfencedSave.objects.using(using).create(
+                    resource=resource[: UnfencedSave._meta.get_field("resource").max_length],
+                    lock_key=lock_key_of(self)[: UnfencedSave._meta.get_field("lock_key").max_length],
+                    token=token, step=step, watermark_token=mark[0], watermark_step=mark[1],
+                    reason=override.reason,
+                    by=override.by[: UnfencedSave._meta.get_field("by").max_length],
+                )
+        if updated:
+            logger.warning(
+                "stale save let through %s",
+                LogFields(
+                    resource=resource, token=token, step=step, watermark_token=mark[0],
+                    watermark_step=mark[1], reason=override.reason, by=override.by,
+                ),
+                extra={
+                    "coordination": {
+                        "event": "unfenced_save", "resource": resource, "token": token,
+                        "step": step, "watermark_token": mark[0], "watermark_step": mark[1],
+                        "reason": override.reason, "by": override.by,
+                    }
+                },
+            )
+            # The instance now holds the row's data: it is as fresh as a reload.
+            self.fence, self.fence_step = mark
+        return updated
+
+    def _do_insert(
+        self, manager: Any, using: str, fields: Any, returning_fields: Any, raw: bool
+    ) -> Any:
+        # With a primary key chosen before the insert, the row may be one deleted
+        # before: the database then starts it at the deleted row's watermark
+        # (a tombstone), and the instance must carry that one, or its next
+        # save() would be refused as stale. A key the database picks is new.
+        marks = _own_watermark(manager.model)
+        if raw or self.pk is None or marks is None:
+            return super()._do_insert(manager, using, fields, returning_fields, raw)  # type: ignore[misc]
+        connection = connections[using]
+        if (
+            watermarks.insert_returns_restored(connection)
+            and connection.features.can_return_columns_from_insert
+        ):
+            # The INSERT returns the watermark the trigger started the row at.
+            asked = [*returning_fields, *(field for field in marks if field not in returning_fields)]
+            result = super()._do_insert(manager, using, fields, asked, raw)  # type: ignore[misc]
+            returned = dict(zip(asked, result[0], strict=True))
+            self.fence, self.fence_step = returned[marks[0]], returned[marks[1]]
+            return [tuple(returned[field] for field in returning_fields)]
+        result = super()._do_insert(manager, using, fields, returning_fields, raw)  # type: ignore[misc]
+        found = manager.using(using).filter(pk=self.pk).values_list("fence", "fence_step").first()
+        if found is None:
+            return result
+        self.fence, self.fence_step = found
+        # Django assigns what the INSERT returned after this, which (SQLite) is
+        # the row before its AFTER INSERT trigger restored the watermark.
+        if result and returning_fields:
+            read = dict(zip(marks, found, strict=True))
+            result = [
+                tuple(
+                    read.get(field, value)
+                    for field, value in zip(returning_fields, result[0], strict=False)
+                ),
+                *result[1:],
+            ]
+        return result
 
     def fenced_save(
         self, grant: Lease | None = None, /, *, fields: Sequence[str], step: int | None = None
@@ -608,6 +849,29 @@ class FencedModel(models.Model):
             grant, step=write_step, **{name: getattr(self, name) for name in fields}
         )
         self.fence, self.fence_step = grant.token, write_step
+
+
+@cache
+def _has_watermark(model: type[models.Model]) -> bool:
+    """Whether ``model``'s own table holds the watermark columns, or inherits them
+    (a multi-table child: the UPDATE then checks its parent's row)."""
+    try:
+        model._meta.get_field("fence")
+    except FieldDoesNotExist:
+        return False
+    return True
+
+
+@cache
+def _own_watermark(model: type[models.Model]) -> tuple[models.Field[Any, Any], ...] | None:
+    """The watermark fields (fence, fence_step) if ``model``'s own table holds them."""
+    if not _has_watermark(model):
+        return None
+    meta = model._meta
+    fields = (meta.get_field("fence"), meta.get_field("fence_step"))
+    if any(getattr(field, "model", None) is not model for field in fields):
+        return None
+    return cast("tuple[models.Field[Any, Any], ...]", fields)
 
 
 def lock_binding(model: type[models.Model], key: str) -> dict[str, str] | None:

@@ -521,6 +521,66 @@ class IdempotencyRecord(models.Model):
 
 
 
+class Tombstone(models.Model):
+    """The watermark of a deleted FencedModel row, kept so that the row cannot come
+    back below it (rule 8 of docs/rules.md).
+
+    A database trigger on every FencedModel table writes it when a row whose
+    watermark is above (0, 0) is deleted, by any path (``delete()``, the admin,
+    raw SQL), raising a tombstone already there, never lowering it. Another
+    trigger starts a row inserted with the same table and primary key at
+    (that token, the highest step), so every token up to the deleted row's
+    is refused. The triggers are :mod:`coordination.watermarks`'; ``row_pk`` is
+    the primary key as the database renders it as text. Tombstones are kept: any
+    one may be all that stops a paused holder of an old token.
+    """
+
+    table_name = models.CharField(max_length=255)
+    row_pk = models.CharField(max_length=255)
+    fence = models.BigIntegerField()
+    fence_step = models.BigIntegerField()
+    deleted_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        ordering = ["-deleted_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["table_name", "row_pk"], name="coordination_tombstone_row"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.table_name} pk {self.row_pk} deleted at ({self.fence}, {self.fence_step})"
+
+
+class UnfencedSave(models.Model):
+    """A save of a stale FencedModel instance let through by ``coordination.unfenced()``.
+
+    Written in the same transaction as the save, so it exists exactly when the
+    save committed. ``lock_key`` is the key guarding the row (its
+    ``fence_lock``), by which the admin keeps to access rules; ``token``/``step``
+    is the watermark the instance carried, ``watermark_token``/``watermark_step``
+    the row's, which the save kept.
+    """
+
+    resource = models.CharField(max_length=KEY_MAX_LENGTH + 100)
+    lock_key = models.CharField(max_length=KEY_MAX_LENGTH)
+    token = models.BigIntegerField()
+    step = models.BigIntegerField()
+    watermark_token = models.BigIntegerField()
+    watermark_step = models.BigIntegerField()
+    reason = models.TextField()
+    by = models.CharField(max_length=HOLDER_MAX_LENGTH)
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["created_at"], name="coordination_unfenced_at")]
+
+    def __str__(self) -> str:
+        return f"unfenced save of {self.resource} by {self.by}: {self.reason}"
+
+
 class Document(models.Model):
     """A JSON document in the fenced document store (the REST fencing proxy).
 

@@ -16,9 +16,22 @@ UPDATE`` trigger per table:
   is: every write of such a table must go through ``fenced_update()`` or
   ``fenced_save()``, so no unfenced write slips through.
 
-Only UPDATE is guarded: inserts start a row, and deletes (test flushes,
-``TRUNCATE``) remove it; the app never deletes Fence rows, and deletes a Lock
-row only by pruning, after raising the token floor above its counter.
+A deleted row must not come back below its watermark either: on every
+FencedModel table two more triggers keep it in ``coordination_tombstone``
+(:class:`~coordination.models.Tombstone`), by table and primary key:
+
+- ``<table>_watermark_kept``, after a DELETE of a row whose watermark is above
+  (0, 0), records the watermark there (raising a tombstone already there,
+  never lowering it);
+- ``<table>_watermark_restored`` starts a row inserted with a tombstone's
+  primary key at (its token, the highest step), so every token up to the
+  deleted row's is refused, and only a newer grant writes the row again.
+  An insert that names a higher watermark keeps its own.
+
+``TRUNCATE`` fires no DELETE trigger (PostgreSQL): it is how tests empty
+tables, not a way to delete fenced rows. The app never deletes Fence rows, and
+deletes a Lock row only by pruning, after raising the token floor above its
+counter: neither has tombstones.
 
 ``migrate`` installs them: migrations 0007 and 0008 for the app's own tables, and a
 ``post_migrate`` receiver (:func:`install_after_migrate`) for every concrete
@@ -45,17 +58,21 @@ import re
 import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from django.db import connections, models, router, transaction
 from django.db.backends.utils import truncate_name
 
 __all__ = [
+    "HIGHEST_STEP",
+    "KEPT",
     "MUST_RISE",
     "NOT_LOWERED",
+    "RESTORED",
     "Refusal",
     "Watermark",
+    "insert_returns_restored",
     "install",
     "install_after_migrate",
     "install_for_models",
@@ -68,6 +85,14 @@ __all__ = [
 # The constraint names a refusal carries: which rule refused the UPDATE.
 NOT_LOWERED = "coordination_watermark_not_lowered"
 MUST_RISE = "coordination_watermark_must_rise"
+# The tombstone triggers of a FencedModel table: the watermark of a deleted row
+# kept, and restored to a row inserted again with its primary key.
+KEPT = "coordination_watermark_kept"
+RESTORED = "coordination_watermark_restored"
+
+TOMBSTONES = "coordination_tombstone"
+# A restored row's step: every write of the deleted row's token is refused.
+HIGHEST_STEP = 2**63 - 1
 
 # --- PostgreSQL -----------------------------------------------------------------
 #
@@ -122,6 +147,62 @@ POSTGRESQL_TRIGGER = (
     "WHEN ({condition}) EXECUTE FUNCTION coordination_refuse_watermark({arguments})"
 )
 
+# The tombstone functions take the primary key column and the two watermark
+# columns as arguments, and read them through to_jsonb(): one function for
+# every table. A row's primary key is kept as jsonb renders it as text, the
+# same on delete and on insert.
+POSTGRESQL_KEEP_FUNCTION = f"""
+CREATE OR REPLACE FUNCTION coordination_keep_watermark() RETURNS trigger
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    before jsonb := to_jsonb(OLD);
+BEGIN
+    INSERT INTO {TOMBSTONES} AS kept (table_name, row_pk, fence, fence_step, deleted_at)
+    VALUES (TG_TABLE_NAME, before ->> TG_ARGV[0], (before ->> TG_ARGV[1])::bigint,
+            (before ->> TG_ARGV[2])::bigint, now())
+    ON CONFLICT (table_name, row_pk) DO UPDATE
+    SET fence = EXCLUDED.fence, fence_step = EXCLUDED.fence_step, deleted_at = EXCLUDED.deleted_at
+    WHERE (EXCLUDED.fence, EXCLUDED.fence_step) > (kept.fence, kept.fence_step);
+    RETURN NULL;
+END
+$fn$
+"""
+# BEFORE INSERT: the row is written with the restored watermark, which an
+# INSERT ... RETURNING reads back.
+POSTGRESQL_RESTORE_FUNCTION = f"""
+CREATE OR REPLACE FUNCTION coordination_restore_watermark() RETURNS trigger
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    after jsonb := to_jsonb(NEW);
+    kept bigint;
+BEGIN
+    SELECT t.fence INTO kept FROM {TOMBSTONES} t
+    WHERE t.table_name = TG_TABLE_NAME AND t.row_pk = after ->> TG_ARGV[0];
+    IF kept IS NOT NULL AND ((after ->> TG_ARGV[1])::bigint, (after ->> TG_ARGV[2])::bigint)
+            < (kept, {HIGHEST_STEP}) THEN
+        NEW := jsonb_populate_record(
+            NEW, jsonb_build_object(TG_ARGV[1], kept, TG_ARGV[2], {HIGHEST_STEP})
+        );
+    END IF;
+    RETURN NEW;
+END
+$fn$
+"""
+POSTGRESQL_KEEP_TRIGGER = (
+    "CREATE TRIGGER {name} AFTER DELETE ON {table} FOR EACH ROW "
+    "WHEN ({old} > (0, 0)) EXECUTE FUNCTION coordination_keep_watermark({arguments})"
+)
+POSTGRESQL_RESTORE_TRIGGER = (
+    "CREATE TRIGGER {name} BEFORE INSERT ON {table} FOR EACH ROW "
+    "EXECUTE FUNCTION coordination_restore_watermark({arguments})"
+)
+_POSTGRESQL_FUNCTIONS = {
+    NOT_LOWERED: ("coordination_refuse_watermark", POSTGRESQL_FUNCTION),
+    MUST_RISE: ("coordination_refuse_watermark", POSTGRESQL_FUNCTION),
+    KEPT: ("coordination_keep_watermark", POSTGRESQL_KEEP_FUNCTION),
+    RESTORED: ("coordination_restore_watermark", POSTGRESQL_RESTORE_FUNCTION),
+}
+
 # --- SQLite -----------------------------------------------------------------------
 #
 # RAISE(ABORT) undoes the whole statement (every row it changed) and keeps the
@@ -140,8 +221,29 @@ SQLITE_MUST_RISE = (
     "is fenced strictly, so every UPDATE must raise it (fenced_update or fenced_save)"
 )
 
+# SQLite cannot change the row a BEFORE INSERT trigger sees: the restored
+# watermark is written by an UPDATE right after the insert, in the same
+# statement (so the UPDATE triggers check it too).
+SQLITE_KEEP_TRIGGER = (
+    "CREATE TRIGGER {name} AFTER DELETE ON {table} FOR EACH ROW WHEN {old} > (0, 0) BEGIN "
+    f"INSERT INTO {TOMBSTONES} (table_name, row_pk, fence, fence_step, deleted_at) "
+    "VALUES ({table_literal}, CAST(OLD.{pk} AS TEXT), {old_values}, "
+    "STRFTIME('%Y-%m-%d %H:%M:%f', 'NOW')) "
+    "ON CONFLICT (table_name, row_pk) DO UPDATE SET fence = excluded.fence, "
+    "fence_step = excluded.fence_step, deleted_at = excluded.deleted_at "
+    f"WHERE (excluded.fence, excluded.fence_step) > ({TOMBSTONES}.fence, {TOMBSTONES}.fence_step); "
+    "END"
+)
+SQLITE_RESTORE_TRIGGER = (
+    "CREATE TRIGGER {name} AFTER INSERT ON {table} FOR EACH ROW WHEN EXISTS ({kept}) BEGIN "
+    "UPDATE {table} SET {columns} = ({kept_mark}) "
+    "WHERE {pk} = NEW.{pk} AND {columns} < ({kept_mark}); END"
+)
+
 _MESSAGE = re.compile(rf"({NOT_LOWERED}|{MUST_RISE}): UPDATE of (\S+)")
+# The rules whose triggers refuse an UPDATE; every rule, in the order installed.
 _RULES = (NOT_LOWERED, MUST_RISE)
+_ALL_RULES = (NOT_LOWERED, MUST_RISE, KEPT, RESTORED)
 
 
 @dataclass(frozen=True)
@@ -152,9 +254,14 @@ class Watermark:
     pk_column: str
     columns: tuple[str, ...]
     strict: bool = False
+    tombstones: bool = False
+    """Whether a deleted row's watermark is kept for a row inserted again (FencedModels)."""
 
     @classmethod
-    def of(cls, model: type[models.Model], *fields: str, strict: bool = False) -> Watermark:
+    def of(
+        cls, model: type[models.Model], *fields: str, strict: bool = False,
+        tombstones: bool = False,
+    ) -> Watermark:
         """The watermark of ``model`` (a current or a migration's historical model)."""
         meta = model._meta
         return cls(
@@ -162,10 +269,12 @@ class Watermark:
             pk_column=str(meta.pk.column),
             columns=tuple(str(meta.get_field(name).column) for name in fields),  # type: ignore[union-attr]
             strict=strict,
+            tombstones=tombstones,
         )
 
     def rules(self) -> tuple[str, ...]:
-        return _RULES if self.strict else (NOT_LOWERED,)
+        refusals = _RULES if self.strict else (NOT_LOWERED,)
+        return (*refusals, KEPT, RESTORED) if self.tombstones else refusals
 
 
 @dataclass(frozen=True)
@@ -210,7 +319,9 @@ def watermarks_of(candidates: Iterable[type[models.Model]]) -> list[Watermark]:
         owner: Any = meta.get_field(fields[0]).model
         if owner._meta.db_table not in found:
             strict = bool(getattr(owner, "fence_strict", False))
-            found[owner._meta.db_table] = Watermark.of(owner, *fields, strict=strict)
+            found[owner._meta.db_table] = Watermark.of(
+                owner, *fields, strict=strict, tombstones=issubclass(model, FencedModel)
+            )
     return list(found.values())
 
 
@@ -231,7 +342,7 @@ def install(connection: Any, watermarks: Iterable[Watermark]) -> list[str]:
     with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
         for watermark in watermarks:
             existing = backend.existing(cursor, watermark.table)
-            for rule in _RULES:
+            for rule in _ALL_RULES:
                 name = backend.trigger_name(watermark, rule)
                 wanted = backend.trigger(watermark, rule) if rule in watermark.rules() else None
                 found = existing.get(name)
@@ -251,7 +362,7 @@ def uninstall(connection: Any, watermarks: Iterable[Watermark]) -> None:
         return
     with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
         for watermark in watermarks:
-            for rule in _RULES:
+            for rule in _ALL_RULES:
                 backend.drop(cursor, watermark, backend.trigger_name(watermark, rule))
 
 
@@ -266,6 +377,7 @@ def missing(connection: Any, watermarks: Iterable[Watermark]) -> list[Watermark]
         for watermark in watermarks:
             if watermark.table not in tables:
                 continue
+            watermark = _tombstones_if(watermark, tables)
             existing = backend.existing(cursor, watermark.table)
             if any(
                 existing.get(backend.trigger_name(watermark, rule))
@@ -325,6 +437,15 @@ def install_after_migrate(
         out.write(f"  Watermark triggers installed or replaced: {', '.join(changed)}\n")
 
 
+def insert_returns_restored(connection: Any) -> bool:
+    """Whether an ``INSERT ... RETURNING`` on ``connection`` returns the watermark the
+    tombstone trigger started the row at: yes where the trigger changes the row
+    before it is written (PostgreSQL), no where it updates it afterwards
+    (SQLite: the caller reads the row again)."""
+    backend = _backend(connection)
+    return backend is not None and backend.restores_before_insert
+
+
 def refusal(error: BaseException) -> Refusal | None:
     """What a watermark trigger refused, if ``error`` is such a refusal; else None."""
     diag = getattr(error.__cause__, "diag", None)
@@ -370,6 +491,8 @@ def readable_after_refusal(using: str) -> Iterator[None]:
 
 
 class _Backend:
+    restores_before_insert = False
+
     def __init__(self, connection: Any) -> None:
         self.connection = connection
         self.quote = connection.ops.quote_name
@@ -394,6 +517,11 @@ class _Backend:
             return ""
         return " OF " + ", ".join(self.quote(column) for column in watermark.columns)
 
+    def row(self, prefix: str, watermark: Watermark) -> str:
+        """The watermark columns of ``prefix`` (NEW, OLD or a table) as a row value."""
+        dot = f"{prefix}." if prefix else ""
+        return "(" + ", ".join(f"{dot}{self.quote(column)}" for column in watermark.columns) + ")"
+
     def trigger(self, watermark: Watermark, rule: str) -> str:
         raise NotImplementedError
 
@@ -409,9 +537,20 @@ class _Backend:
 
 
 class _PostgreSQL(_Backend):
+    restores_before_insert = True
+
     # The fingerprint of a trigger's definition is kept as its comment: the
     # server only keeps a normalised form of the statement.
     def trigger(self, watermark: Watermark, rule: str) -> str:
+        if rule in (KEPT, RESTORED):
+            template = POSTGRESQL_KEEP_TRIGGER if rule == KEPT else POSTGRESQL_RESTORE_TRIGGER
+            return template.format(
+                name=self.quote(self.trigger_name(watermark, rule)),
+                table=self.quote(watermark.table), old=self.row("OLD", watermark),
+                arguments=", ".join(
+                    _literal(value) for value in (watermark.pk_column, *watermark.columns)
+                ),
+            )
         arguments = ", ".join(
             _literal(value) for value in (rule, watermark.pk_column, *watermark.columns)
         )
@@ -430,15 +569,15 @@ class _PostgreSQL(_Backend):
         return dict(cursor.fetchall())
 
     def create(self, cursor: Any, watermark: Watermark, name: str, sql: str) -> None:
+        rule = next(rule for rule in _ALL_RULES if self.trigger_name(watermark, rule) == name)
+        function, definition = _POSTGRESQL_FUNCTIONS[rule]
         cursor.execute(
-            "SELECT coalesce(obj_description(to_regprocedure("
-            "'coordination_refuse_watermark()'), 'pg_proc'), '')"
+            f"SELECT coalesce(obj_description(to_regprocedure('{function}()'), 'pg_proc'), '')"
         )
-        if cursor.fetchone()[0] != _fingerprint(POSTGRESQL_FUNCTION):
-            cursor.execute(POSTGRESQL_FUNCTION)
+        if cursor.fetchone()[0] != _fingerprint(definition):
+            cursor.execute(definition)
             cursor.execute(
-                "COMMENT ON FUNCTION coordination_refuse_watermark() IS "
-                + _literal(_fingerprint(POSTGRESQL_FUNCTION))
+                f"COMMENT ON FUNCTION {function}() IS " + _literal(_fingerprint(definition))
             )
         cursor.execute(sql)
         cursor.execute(
@@ -453,6 +592,23 @@ class _PostgreSQL(_Backend):
 class _SQLite(_Backend):
     # SQLite keeps each trigger's statement as it was written: that is its fingerprint.
     def trigger(self, watermark: Watermark, rule: str) -> str:
+        name, table = self.quote(self.trigger_name(watermark, rule)), self.quote(watermark.table)
+        pk = self.quote(watermark.pk_column)
+        if rule == KEPT:
+            return SQLITE_KEEP_TRIGGER.format(
+                name=name, table=table, old=self.row("OLD", watermark), pk=pk,
+                table_literal=_literal(watermark.table),
+                old_values=", ".join(f"OLD.{self.quote(column)}" for column in watermark.columns),
+            )
+        if rule == RESTORED:
+            where = (
+                f"FROM {TOMBSTONES} WHERE table_name = {_literal(watermark.table)} "
+                f"AND row_pk = CAST(NEW.{pk} AS TEXT)"
+            )
+            return SQLITE_RESTORE_TRIGGER.format(
+                name=name, table=table, pk=pk, columns=self.row("", watermark),
+                kept=f"SELECT 1 {where}", kept_mark=f"SELECT fence, {HIGHEST_STEP} {where}",
+            )
         template = SQLITE_NOT_LOWERED if rule == NOT_LOWERED else SQLITE_MUST_RISE
         message = template.format(
             constraint=rule, table=watermark.table, columns=", ".join(watermark.columns)
@@ -497,8 +653,17 @@ def _present(connection: Any, watermarks: list[Watermark]) -> list[Watermark]:
                 continue
             description = connection.introspection.get_table_description(cursor, watermark.table)
             if {watermark.pk_column, *watermark.columns} <= {column.name for column in description}:
-                present.append(watermark)
+                present.append(_tombstones_if(watermark, tables))
     return present
+
+
+def _tombstones_if(watermark: Watermark, tables: set[str]) -> Watermark:
+    """``watermark`` without its tombstone triggers where the tombstone table does not
+    exist (migration 0016 not applied, or reversed): they would fail every
+    DELETE and INSERT of the table."""
+    if watermark.tombstones and TOMBSTONES not in tables:
+        return replace(watermark, tombstones=False)
+    return watermark
 
 
 def _fingerprint(sql: str) -> str:

@@ -2,7 +2,8 @@
 
 Two tenants, ``tenant-a:*`` and ``tenant-b:*``, each with a row of every model
 the app's admins show (locks, grants, fences, refused and accepted writes,
-documents, idempotency records, access rules, election roles, beat slots) and
+documents, idempotency records, access rules, election roles, beat slots,
+unfenced saves) and
 of every :class:`~coordination.admin.FencedModelAdmin` of the site (the demo's
 accounts). A staff user with every permission of those apps and rules on
 tenant-a's keys only walks every URL each registered admin serves (list,
@@ -31,6 +32,7 @@ from django.urls import URLPattern, reverse
 from coordination import documents, locks
 from coordination.admin import FencedModelAdmin
 from coordination.exceptions import DuplicateWrite
+from coordination.fencing import unfenced
 from coordination.models import AccessRule, BeatSlot, IdempotencyRecord
 from project.demo.models import Account
 from tests.support.hostile import tally_requests  # noqa: F401  (the module's fixture)
@@ -73,8 +75,12 @@ def seed_tenant(tenant: str, host: str, owner: User) -> Account:
         due_at=dt.datetime(2026, 12, 1, 3, tzinfo=dt.UTC), term=1, claimed_by=holder,
     )
     account = Account.objects.create(owner=f"{tenant}-owner", balance=Decimal("10.00"))
+    loaded_before = Account.objects.get(pk=account.pk)
     lease = locks.acquire(f"account:{account.pk}", holder=holder, ttl=300)
     Account.objects.filter(pk=account.pk).fenced_update(lease, balance=Decimal("20.00"))
+    with unfenced(reason=f"{tenant}-correction", by=holder):  # an audited stale save
+        loaded_before.save()
+    account.refresh_from_db()
     return account
 
 

@@ -20,6 +20,7 @@ from django.test import Client
 from django.urls import reverse
 
 from coordination import fencing, locks, watermarks
+from coordination.admin import WATERMARK_FIELD
 from coordination.checks import check_watermark_triggers
 from coordination.exceptions import DuplicateWrite, StaleToken, UnfencedWrite
 from coordination.models import Fence, Lock, TokenFloor
@@ -29,6 +30,11 @@ from tests.support.factories import AccountFactory, FenceFactory, LockFactory
 pytestmark = pytest.mark.django_db
 
 ACCOUNTS = Account._meta.db_table
+# The triggers every FencedModel table has (a strict one has MUST_RISE too).
+ACCOUNT_TRIGGERS = [
+    "demo_account_watermark_kept", "demo_account_watermark_not_lowered",
+    "demo_account_watermark_restored",
+]
 
 
 def stored(account: Account) -> tuple[int, int, Decimal]:
@@ -85,16 +91,17 @@ def strict_accounts(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 # --- the user's story: a stale instance's save() -----------------------------------
 
 
-def test_a_stale_instance_saved_keeps_the_watermark_and_the_released_token_stays_refused() -> None:
+def test_a_stale_instance_saved_unfenced_keeps_the_watermark_and_the_released_token_stays_refused() -> None:
     account = AccountFactory(balance=Decimal("0.00"))
     loaded_earlier = Account.objects.get(pk=account.pk)
     first, second = two_grants_wrote(account)
 
     loaded_earlier.owner = "renamed"
-    loaded_earlier.save()
+    with fencing.unfenced(reason="test: an operator overwrites"):
+        loaded_earlier.save()
 
-    # A plain save writes what the instance holds (an unfenced write: strict mode
-    # refuses it), but never the watermark it was loaded with.
+    # A stale save let through writes what the instance holds (an unfenced write:
+    # strict mode refuses it), but never the watermark it was loaded with.
     assert stored(account) == (second.token, 1, Decimal("0.00"))
     assert Account.objects.get(pk=account.pk).owner == "renamed"
     with pytest.raises(StaleToken) as refused:
@@ -106,7 +113,10 @@ def test_a_stale_instance_saved_keeps_the_watermark_and_the_released_token_stays
 def test_save_naming_the_watermark_in_update_fields_does_not_write_it() -> None:
     account = AccountFactory()
     _, second = two_grants_wrote(account)
-    account.fence, account.fence_step, account.balance = 0, 0, Decimal("5.00")
+    account.refresh_from_db()
+    # Set above the row's: not stale, and still not written (a plain save never
+    # raises a watermark either: that takes a grant).
+    account.fence, account.fence_step, account.balance = second.token + 5, 0, Decimal("5.00")
 
     account.save(update_fields=["fence", "fence_step", "balance"])
 
@@ -121,9 +131,12 @@ def test_save_of_an_instance_whose_row_was_deleted_inserts_it_with_its_values() 
     account.refresh_from_db()
     Account.objects.filter(pk=account.pk).delete()
 
+    token = account.fence
     account.save()
 
-    assert stored(account) == (account.fence, 1, Decimal("4.00"))
+    # Inserted again, it starts at its deleted row's token, every step taken.
+    assert stored(account) == (token, watermarks.HIGHEST_STEP, Decimal("4.00"))
+    assert account.carried_watermark() == (token, watermarks.HIGHEST_STEP)
 
 
 def test_a_new_instance_saved_writes_its_watermark() -> None:
@@ -298,6 +311,7 @@ def test_strict_model_refuses_a_plain_save_and_update() -> None:
         locks.acquire(f"account:{account.pk}", holder="w", ttl=30), balance=Decimal("1.00")
     )
     token = stored(account)[0]
+    account.refresh_from_db()
     account.balance = Decimal("2.00")
 
     with pytest.raises(UnfencedWrite) as refused, transaction.atomic():
@@ -342,14 +356,14 @@ def test_switching_to_strict_and_back_takes_effect_at_the_next_migrate(
     monkeypatch.setattr(Account, "fence_strict", False)
     assert "demo_account_watermark_must_rise" in migrate()
     account.save()
-    assert triggers_on(ACCOUNTS) == ["demo_account_watermark_not_lowered"]
+    assert triggers_on(ACCOUNTS) == ACCOUNT_TRIGGERS
 
 
 # --- installation ---------------------------------------------------------------------
 
 
 def test_migrate_installs_the_trigger_of_a_model_in_another_app() -> None:
-    assert triggers_on(ACCOUNTS) == ["demo_account_watermark_not_lowered"]
+    assert triggers_on(ACCOUNTS) == ACCOUNT_TRIGGERS
     assert triggers_on("coordination_lock") == ["coordination_lock_watermark_not_lowered"]
     assert triggers_on("coordination_fence") == ["coordination_fence_watermark_not_lowered"]
     assert watermarks.missing(connection, watermarks.watermarks_of([Account, Lock, Fence])) == []
@@ -358,7 +372,7 @@ def test_migrate_installs_the_trigger_of_a_model_in_another_app() -> None:
 def test_migrate_twice_changes_nothing_the_second_time() -> None:
     migrate()
     assert "Watermark triggers" not in migrate()
-    assert triggers_on(ACCOUNTS) == ["demo_account_watermark_not_lowered"]
+    assert triggers_on(ACCOUNTS) == ACCOUNT_TRIGGERS
 
 
 def test_migrate_reinstalls_a_trigger_lost_with_its_table_rebuild() -> None:
@@ -368,13 +382,15 @@ def test_migrate_reinstalls_a_trigger_lost_with_its_table_rebuild() -> None:
             "DROP TRIGGER demo_account_watermark_not_lowered"
             + (f" ON {ACCOUNTS}" if connection.vendor == "postgresql" else "")
         )
-    assert triggers_on(ACCOUNTS) == []
+    assert triggers_on(ACCOUNTS) == [
+        name for name in ACCOUNT_TRIGGERS if name != "demo_account_watermark_not_lowered"
+    ]
     [warning] = check_watermark_triggers(databases=["default"])
     assert warning.id == "coordination.W005" and ACCOUNTS in warning.msg
 
     assert "demo_account_watermark_not_lowered" in migrate()
 
-    assert triggers_on(ACCOUNTS) == ["demo_account_watermark_not_lowered"]
+    assert triggers_on(ACCOUNTS) == ACCOUNT_TRIGGERS
     assert check_watermark_triggers(databases=["default"]) == []
 
 
@@ -387,8 +403,14 @@ def fast_password_hashing(settings: Any) -> None:
 
 
 def change_account(client: Client, account: Account, balance: str) -> Any:
+    """Open the change form, then save it with ``balance``."""
     url = reverse("admin:demo_account_change", args=[account.pk])
-    return client.post(url, {"owner": account.owner, "balance": balance, "_save": "Save"}, follow=True)
+    shown = client.get(url).context["adminform"].form[WATERMARK_FIELD].value()
+    return client.post(
+        url,
+        {"owner": account.owner, "balance": balance, WATERMARK_FIELD: shown, "_save": "Save"},
+        follow=True,
+    )
 
 
 @pytest.mark.usefixtures("fast_password_hashing")
