@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from functools import cache, lru_cache
-from typing import Any, ClassVar, NamedTuple, NoReturn, TypeVar, cast, overload
+from typing import Any, ClassVar, NamedTuple, NoReturn, Self, TypeVar, cast, overload
 
 from django.core.exceptions import (
     EmptyResultSet,
@@ -425,75 +425,68 @@ def _fenced_statement(
     )
 
 
-class _Admits(Expression):
-    """The rows a write may change: the watermark rule as one row comparison,
-    ``(fence, fence_step) < (token, step)`` (fence < token OR fence = token AND
-    fence_step < step), and the lock's binding as ``column = value`` terms.
+class _WatermarkCondition(Expression):
+    """A condition on a fenced table's watermark columns, compiled by hand.
 
     Compiled as it stands, it costs a fraction of the equivalent Q tree and
-    filter lookups, which is most of what fenced_update adds to an update().
+    filter lookups, which is most of what a fenced write adds to an update().
+    Subclasses write the SQL from :meth:`columns_sql`.
     """
-
-    output_field = models.BooleanField()
-
-    def __init__(
-        self, model: type[models.Model], token: int, step: int,
-        bound: tuple[tuple[str, models.Field[Any, Any], Any], ...], alias: str | None,
-    ) -> None:
-        super().__init__()
-        self.columns = _fence_columns(model)
-        self.params = (token, step)
-        self.bound = bound
-        self.alias = alias
-
-    def resolve_expression(self, *args: Any, **kwargs: Any) -> _Admits:
-        return self
-
-    def relabeled_clone(self, change_map: Mapping[str, str]) -> _Admits:
-        # The query's tables renamed (as a subquery of an UPDATE with joins).
-        clone = copy.copy(self)
-        if clone.alias is not None:
-            clone.alias = change_map.get(clone.alias, clone.alias)
-        return clone
-
-    def as_sql(self, compiler: Any, connection: Any) -> tuple[str, tuple[Any, ...]]:
-        quote = connection.ops.quote_name
-        # Django 6.1 renamed quote_name_unless_alias to quote_name.
-        quote_alias = getattr(compiler, "quote_name", None) or compiler.quote_name_unless_alias
-        table = f"{quote_alias(self.alias)}." if self.alias else ""
-        sql = _admits_sql(table, quote, self.columns, [column for column, _, _ in self.bound])
-        params: list[Any] = list(self.params)
-        for _column, field, value in self.bound:
-            params.append(field.get_db_prep_value(value, connection))
-        return sql, tuple(params)
-
-
-class _NotAbove(Expression):
-    """The rows a plain ``save()`` may write: ``(fence, fence_step) <= (token, step)``,
-    the watermark the instance carries, as one row comparison (cheaper to
-    compile on every save than the equivalent Q tree, as :class:`_Admits`)."""
 
     output_field = models.BooleanField()
 
     def __init__(self, model: type[models.Model], token: int, step: int, alias: str | None) -> None:
         super().__init__()
         self.columns = _fence_columns(model)
-        self.params = (token, step)
+        self.params: tuple[Any, ...] = (token, step)
         self.alias = alias
 
-    def resolve_expression(self, *args: Any, **kwargs: Any) -> _NotAbove:
+    def resolve_expression(self, *args: Any, **kwargs: Any) -> Self:
         return self
 
-    def relabeled_clone(self, change_map: Mapping[str, str]) -> _NotAbove:
+    def relabeled_clone(self, change_map: Mapping[str, str]) -> Self:
+        # The query's tables renamed (as a subquery of an UPDATE with joins).
         clone = copy.copy(self)
         if clone.alias is not None:
             clone.alias = change_map.get(clone.alias, clone.alias)
         return clone
 
-    def as_sql(self, compiler: Any, connection: Any) -> tuple[str, tuple[Any, ...]]:
-        quote = connection.ops.quote_name
+    def table_prefix(self, compiler: Any) -> str:
+        # Django 6.1 renamed quote_name_unless_alias to quote_name.
         quote_alias = getattr(compiler, "quote_name", None) or compiler.quote_name_unless_alias
-        table = f"{quote_alias(self.alias)}." if self.alias else ""
+        return f"{quote_alias(self.alias)}." if self.alias else ""
+
+
+class _Admits(_WatermarkCondition):
+    """The rows a write may change: the watermark rule as one row comparison,
+    ``(fence, fence_step) < (token, step)`` (fence < token OR fence = token AND
+    fence_step < step), and the lock's binding as ``column = value`` terms.
+    """
+
+    def __init__(
+        self, model: type[models.Model], token: int, step: int,
+        bound: tuple[tuple[str, models.Field[Any, Any], Any], ...], alias: str | None,
+    ) -> None:
+        super().__init__(model, token, step, alias)
+        self.bound = bound
+
+    def as_sql(self, compiler: Any, connection: Any) -> tuple[str, tuple[Any, ...]]:
+        sql = _admits_sql(
+            self.table_prefix(compiler), connection.ops.quote_name, self.columns,
+            [column for column, _, _ in self.bound],
+        )
+        params: list[Any] = list(self.params)
+        for _column, field, value in self.bound:
+            params.append(field.get_db_prep_value(value, connection))
+        return sql, tuple(params)
+
+
+class _NotAbove(_WatermarkCondition):
+    """The rows a plain ``save()`` may write: ``(fence, fence_step) <= (token, step)``,
+    the watermark the instance carries, as one row comparison."""
+
+    def as_sql(self, compiler: Any, connection: Any) -> tuple[str, tuple[Any, ...]]:
+        table, quote = self.table_prefix(compiler), connection.ops.quote_name
         fence, step = (table + quote(column) for column in self.columns)
         return f"({fence}, {step}) <= (%s, %s)", self.params
 
