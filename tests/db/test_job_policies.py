@@ -228,3 +228,55 @@ def test_an_execution_without_a_name_reads_no_policy() -> None:
     policy(task="report:*", paused=True, when_paused="skip")
     execution = FencedExecution("report:g", holder="direct", ttl=5)
     assert execution.run(lambda: "ran") == "ran"
+
+
+# --- the django.tasks twin: the same mechanism -------------------------------------
+
+try:
+    from django.tasks import TaskResultStatus, task_backends
+except ImportError:  # Django 5.2: no django.tasks
+    HAS_DJANGO_TASKS = False
+else:
+    HAS_DJANGO_TASKS = True
+
+needs_django_tasks = pytest.mark.skipif(not HAS_DJANGO_TASKS, reason="django.tasks is Django 6.0+")
+
+if HAS_DJANGO_TASKS:
+    from coordination.contrib import tasks as contrib_tasks
+
+    @contrib_tasks.fenced_task(lock="report:{name}", ttl=5, on_busy="raise")
+    def twin_report(name: str) -> str:
+        ran.append(name)
+        return name
+
+    TWIN = f"{twin_report.func.__module__}.{twin_report.func.__qualname__}"
+
+
+@needs_django_tasks
+def test_the_django_tasks_twin_skips_a_paused_task_and_caps_it_like_celery() -> None:
+    policy(task=TWIN, paused=True, when_paused="skip")
+    result = twin_report.enqueue("h")
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value["reason"] == "paused" and ran == []
+
+    JobPolicy.objects.get(task=TWIN).delete()
+    policy(task=TWIN, max_running=1, on_busy="skip")
+    elsewhere = acquire_permit(jobs.permit_name(TWIN), limit=1, holder="another run", ttl=30)
+    assert twin_report.enqueue("h").return_value["reason"] == "lock_held"
+    locks.release(elsewhere)
+    assert twin_report.enqueue("h").return_value == "h" and ran == ["h"]
+
+
+@needs_django_tasks
+def test_the_django_tasks_twin_defers_a_paused_run_by_enqueueing_it_again(settings: Any) -> None:
+    """On a backend that can run a task later, a paused run is enqueued again with
+    ``run_after`` ``defer_seconds`` ahead, and says so in its result."""
+    settings.TASKS = {"default": {"BACKEND": "django.tasks.backends.dummy.DummyBackend"}}
+    policy(task=TWIN, paused=True, defer_seconds=30)
+
+    outcome = twin_report.call("i")  # what the backend's worker does with the message
+
+    assert outcome["coordination"] == "deferred" and ran == []
+    [again] = task_backends["default"].results
+    assert again.task.run_after is not None and again.args == ["i"]
+    assert JobTally.objects.get(task=TWIN, outcome="deferred").count == 1
