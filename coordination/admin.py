@@ -17,6 +17,10 @@ the ``revoke`` action on the key.
 Leader election has two read-only lists: the roles (their leader, term and
 history of terms) and the beat slots of ``FencedScheduler`` (claimed, sent, lost).
 
+Job policies (:mod:`coordination.jobs`) are edited here, every change recorded;
+pausing and resuming a task needs ``coordination.pause_jobpolicy``, and the
+jobs page shows each fenced task's running executions with its buttons.
+
 Lock and fence rows are never deleted (rule 8 of docs/rules.md): their counters and
 watermarks are what keeps old tokens refused. States and times are decided with
 the database clock.
