@@ -32,8 +32,8 @@ def test_the_jobs_page_shows_executions_and_pauses_resumes_and_revokes(
     jobs.tally(TASK, "deferred")
     log_in(page, live_server.url)
 
-    page.goto(f"{live_server.url}/admin/coordination/jobpolicy/")
-    page.click("text=Jobs")
+    page.click("#coordination-dashboard-link a")
+    page.click("#coordination-jobs-link")
     page.goto(page.url + "?refresh=0")  # no reload in the middle of the clicks
     job = page.locator(f'section.coordination-job[data-task="{TASK}"]')
     expect(job).to_have_attribute("data-paused", "no")
