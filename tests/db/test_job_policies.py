@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -13,8 +14,8 @@ from django.db import connections
 
 from coordination import jobs, locks, signals
 from coordination.contrib.celery import fenced_task
-from coordination.contrib.execution import FencedExecution, Skipped
-from coordination.exceptions import InvalidInput, LockHeld
+from coordination.contrib.execution import FencedExecution, Skipped, current_execution
+from coordination.exceptions import InvalidInput, LeaseLost, LockHeld
 from coordination.models import (
     Grant,
     GrantEnd,
@@ -25,6 +26,9 @@ from coordination.models import (
     validate_task_pattern,
 )
 from coordination.semaphores import acquire_permit
+from project.demo.models import Account
+from tests.support.factories import AccountFactory
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -215,6 +219,31 @@ def test_pause_and_revoke_ends_the_leases_of_running_executions() -> None:
     ends = Grant.objects.filter(holder=running.holder).values_list("end_reason", flat=True)
     assert set(ends) == {GrantEnd.REVOKED}
     assert jobs.running(long.name) == []
+
+
+def test_a_lost_permit_marks_the_executions_grant_lost_so_its_writes_are_refused() -> None:
+    """Another execution took the permit over (here: it was revoked, as the end of
+    a paused holder's lease would let happen): the permit's keep-alive marks the
+    key's grant lost too, and the body's next fenced write is refused."""
+    account = AccountFactory()
+
+    @fenced_task(lock="account:{account_id}", ttl=5, name=report.name + "_writer")
+    def writer(account_id: int) -> str:
+        execution = current_execution()
+        assert execution is not None and execution.permit is not None
+        locks.revoke(execution.permit.key)
+        grant = locks.current_grant()
+        assert grant is not None
+        wait_for(lambda: grant.lost, timeout=15, what="the grant marked lost with its permit")
+        try:
+            Account.objects.filter(pk=account_id).fenced_update(balance=Decimal("99.00"))
+        except LeaseLost:
+            return "refused"
+        return "written"
+
+    policy(task=writer.name, max_running=1)
+    assert writer(account.pk) == "refused"
+    assert Account.objects.get(pk=account.pk).balance != Decimal("99.00")
 
 
 def test_task_names_follow_the_key_rule() -> None:
