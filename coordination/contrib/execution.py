@@ -576,12 +576,18 @@ class FencedExecution(_Execution):
         if self.max_running is not None and self.name is not None:
             # The key's lock first: a busy key then never holds a task permit,
             # even for a moment, that an execution of another key could use.
+            if self.keepalive and self.wait > 0:
+                # The wait for a permit may outlast the key's lease: keep it alive.
+                self._keeper = KeepAlive(grant, ttl=self.ttl, using=self.using).start()
             try:
                 self.permit = acquire_permit(
                     jobs.permit_name(self.name), limit=self.max_running, holder=self.holder,
                     ttl=self.ttl, wait=self.wait, using=self.using,
                 )
             except BaseException:
+                if self._keeper is not None:
+                    self._keeper.stop()
+                    self._keeper = None
                 release_quietly(grant, using=self.using)
                 raise
         self.grant = grant
@@ -590,7 +596,8 @@ class FencedExecution(_Execution):
     def __enter__(self) -> Lease:
         grant = self.grant if self.grant is not None else self.acquire()
         if self.keepalive:
-            self._keeper = KeepAlive(grant, ttl=self.ttl, using=self.using).start()
+            if self._keeper is None:
+                self._keeper = KeepAlive(grant, ttl=self.ttl, using=self.using).start()
             if self.permit is not None:
                 # The permit's loss (revoked, or expired in a pause) marks the key's
                 # grant lost too: the body's later fenced writes are refused.
@@ -760,11 +767,20 @@ class AsyncFencedExecution(_Execution):
                     wait=self.wait, using=self.using,
                 )
             if self.max_running is not None and self.name is not None:
+                # The wait for a permit may outlast the key's lease: keep it alive.
+                waiting = (
+                    locks.AsyncKeepAlive(grant, ttl=self.ttl, using=self.using).start()
+                    if self.keepalive and self.wait > 0 else None
+                )
                 try:
-                    self.permit = await aacquire_permit(
-                        jobs.permit_name(self.name), limit=self.max_running, holder=self.holder,
-                        ttl=self.ttl, wait=self.wait, using=self.using,
-                    )
+                    try:
+                        self.permit = await aacquire_permit(
+                            jobs.permit_name(self.name), limit=self.max_running,
+                            holder=self.holder, ttl=self.ttl, wait=self.wait, using=self.using,
+                        )
+                    finally:
+                        if waiting is not None:
+                            await waiting.stop()
                 except BaseException:
                     await aio.run_to_completion(release_quietly, grant, using=self.using)
                     raise

@@ -246,6 +246,32 @@ def test_a_lost_permit_marks_the_executions_grant_lost_so_its_writes_are_refused
     assert Account.objects.get(pk=account.pk).balance != Decimal("99.00")
 
 
+def test_a_wait_for_a_permit_longer_than_the_lease_keeps_the_keys_lease_alive() -> None:
+    """The key's lock is taken first; while the execution then waits for a permit
+    (longer than its 5 s lease here), the key's lease is kept alive, so the body
+    runs with a live grant, not one another execution could have taken."""
+    seen: list[tuple[bool, float]] = []
+
+    @fenced_task(lock="report:{name}", ttl=5, wait=30, name=report.name + "_patient")
+    def patient(name: str) -> None:
+        grant = locks.current_grant()
+        assert grant is not None
+        row = Grant.objects.get(lock__key=grant.key, token=grant.token)
+        seen.append((grant.lost, (row.expires_at - locks.database_now()).total_seconds()))
+
+    policy(task=patient.name, max_running=1)
+    elsewhere = acquire_permit(jobs.permit_name(patient.name), limit=1, holder="another run", ttl=30)
+    caller = in_thread(lambda: patient("j"))
+    wait_for(lambda: Lock.objects.filter(key="report:j", holder__startswith=patient.name).exists(),
+             timeout=10, what="the key's lock taken")
+    time.sleep(5.5)  # the permit stays held for longer than the key's 5 s lease
+    locks.release(elsewhere)
+    caller.join(20)
+
+    [(lost, lease_left)] = seen
+    assert not lost and lease_left > 0
+
+
 def test_task_names_follow_the_key_rule() -> None:
     for bad in ("", "has space", "a*b", "*", "x" * 200):
         with pytest.raises(InvalidInput):
