@@ -17,6 +17,10 @@ the ``revoke`` action on the key.
 Leader election has two read-only lists: the roles (their leader, term and
 history of terms) and the beat slots of ``FencedScheduler`` (claimed, sent, lost).
 
+Job policies (:mod:`coordination.jobs`) are edited here, every change recorded;
+pausing and resuming a task needs ``coordination.pause_jobpolicy``, and the
+jobs page shows each fenced task's running executions with its buttons.
+
 Lock and fence rows are never deleted (rule 8 of docs/rules.md): their counters and
 watermarks are what keeps old tokens refused. States and times are decided with
 the database clock.
@@ -56,7 +60,7 @@ from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
-from . import access, dashboard, documents, fencing, locks
+from . import access, dashboard, documents, fencing, jobs, locks
 from .conf import app_settings
 from .election import ROLE_PREFIX
 from .exceptions import InvalidInput, StaleInstance, StaleToken, UnfencedWrite
@@ -71,6 +75,7 @@ from .models import (
     Grant,
     GrantEnd,
     IdempotencyRecord,
+    JobPolicy,
     Lock,
     LockQuerySet,
     LockState,
@@ -79,6 +84,7 @@ from .models import (
     TokenFloor,
     UnfencedSave,
     validate_key,
+    validate_task_pattern,
 )
 
 DASHBOARD_REFRESH_SECONDS = 10
@@ -1183,6 +1189,239 @@ def _duration(seconds: float) -> str:
         return f"{seconds:.1f} s"
     return str(dt.timedelta(seconds=round(seconds)))
 
+
+
+# --- job policies ----------------------------------------------------------------
+
+
+class JobPolicyForm(forms.ModelForm):  # type: ignore[type-arg]
+    class Meta:
+        model = JobPolicy
+        fields = ["task", "paused", "when_paused", "defer_seconds", "max_running", "ttl", "on_busy", "note"]
+
+    def clean_ttl(self) -> float | None:
+        ttl = self.cleaned_data.get("ttl")
+        if ttl is not None and not float(app_settings.MIN_TTL) <= ttl <= float(app_settings.MAX_TTL):
+            raise forms.ValidationError(
+                _("ttl must be from %(low)s to %(high)s seconds (COORDINATION MIN_TTL and MAX_TTL).")
+                % {"low": app_settings.MIN_TTL, "high": app_settings.MAX_TTL}
+            )
+        return ttl
+
+
+@admin.register(JobPolicy)
+class JobPolicyAdmin(OperatorActionsMixin, admin.ModelAdmin):  # type: ignore[type-arg]
+    """How each fenced task runs, changed at run time: paused, capped, its lease.
+
+    A policy is the lock key ``task:<task>`` to the access rules: a limited
+    user sees the policies their rules let them read and changes, pauses or
+    resumes those they may ``revoke`` on. Every change is recorded (who, when,
+    before and after) and listed on the policy's page. The jobs page
+    (``jobs/``) shows each fenced task with its running executions and
+    pause and resume buttons.
+    """
+
+    form = JobPolicyForm
+    list_display = [
+        "task", "paused", "when_paused", "max_running", "ttl", "on_busy", "running_now", "updated_at",
+    ]
+    list_filter = ["paused", "when_paused"]
+    search_fields = ["task", "note"]
+    actions = ["pause_selected", "resume_selected", "pause_and_revoke_selected"]
+    guarded_actions = ["pause_selected", "resume_selected", "pause_and_revoke_selected"]
+    change_form_template = "coordination/admin/jobpolicy_change_form.html"
+    change_list_template = "coordination/admin/jobpolicy_change_list.html"
+
+    class Media:
+        css = {"all": ("coordination/admin.css",)}
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[JobPolicy]:
+        rows = super().get_queryset(request)
+        return _readable(request, rows, Concat(Value("task:"), "task", output_field=CharField()))
+
+    def get_urls(self) -> list[URLPattern]:
+        view = self.admin_site.admin_view
+        return [
+            path("jobs/", view(self.jobs_view), name="coordination_jobs"),
+            path("jobs/steer/", view(self.steer_view), name="coordination_jobs_steer"),
+            *super().get_urls(),
+        ]
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return super().has_change_permission(request, obj) and self._steerable(request, obj)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return super().has_delete_permission(request, obj) and self._steerable(request, obj)
+
+    def has_pause_permission(self, request: HttpRequest) -> bool:
+        return _has_perm(request, "pause_jobpolicy")
+
+    def _steerable(self, request: HttpRequest, obj: JobPolicy | None) -> bool:
+        return obj is None or access.for_request(request).allows("revoke", obj.access_key)
+
+    def save_model(self, request: HttpRequest, obj: JobPolicy, form: Any, change: bool) -> None:
+        # A new policy (or a renamed one) names a task the rules must let the user steer.
+        _require_rules(request, "revoke", [obj.access_key])
+        obj.save(changed_by=request.user.get_username(), via="admin")
+
+    def delete_model(self, request: HttpRequest, obj: JobPolicy) -> None:
+        obj.delete(changed_by=request.user.get_username(), via="admin")
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[JobPolicy]) -> None:
+        for policy in queryset:
+            self.delete_model(request, policy)
+
+    @admin.display(description=_("running now"))
+    def running_now(self, policy: JobPolicy) -> int:
+        if policy.task.endswith("*"):
+            return sum(1 for run in jobs.running() if run.task.startswith(policy.task[:-1]))
+        return len(jobs.running(policy.task))
+
+    def changeform_view(
+        self, request: HttpRequest, object_id: str | None = None, form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        extra = dict(extra_context or {})
+        if object_id is not None:
+            policy = self.get_object(request, unquote(object_id))
+            if policy is not None:
+                rules = access.for_request(request)
+                extra["policy_changes"] = list(policy.changes.order_by("-changed_at", "-id")[:100])
+                extra["policy_running"] = [
+                    run for run in (
+                        jobs.running() if policy.task.endswith("*") else jobs.running(policy.task)
+                    )
+                    if run.task.startswith(policy.task.removesuffix("*"))
+                    and rules.allows("read", run.key)
+                ]
+                extra["can_pause"] = self.has_pause_permission(request) and self._steerable(
+                    request, policy
+                )
+        return super().changeform_view(request, object_id, form_url, extra)
+
+    # --- pause and resume ---
+
+    def _steer(self, request: HttpRequest, tasks: Sequence[str], how: str) -> None:
+        """Pause (``pause``, ``pause_and_revoke``) or resume ``tasks``: each needs the
+        permission and ``revoke`` on its ``task:<name>``; revoking a running
+        execution also needs ``revoke`` on its own key (others stay running)."""
+        if not self.has_pause_permission(request):
+            raise PermissionDenied
+        _require_rules(request, "revoke", [jobs.permit_name(task) for task in tasks])
+        rules = access.for_request(request)
+        by = request.user.get_username()
+        revoked = 0
+        for task in tasks:
+            if how == "resume":
+                policy = jobs.resume(task, by=by, via="admin")
+            else:
+                policy, ended = jobs.pause(
+                    task, by=by, via="admin", revoke_running=how == "pause_and_revoke",
+                    may_revoke=lambda key: rules.allows("revoke", key),
+                )
+                revoked += len(ended)
+            if policy is not None:
+                self.log_change(request, policy, f"{how.replace('_', ' ')} by {by}")
+        verb = {"pause": _("Paused"), "pause_and_revoke": _("Paused"), "resume": _("Resumed")}[how]
+        self.message_user(
+            request,
+            ngettext("%(verb)s %(count)d task.", "%(verb)s %(count)d tasks.", len(tasks))
+            % {"verb": verb, "count": len(tasks)},
+            messages.SUCCESS,
+        )
+        if how == "pause_and_revoke":
+            self.message_user(
+                request,
+                ngettext(
+                    "Revoked %(count)d lease of running executions; their later fenced writes are refused.",
+                    "Revoked %(count)d leases of running executions; their later fenced writes are refused.",
+                    revoked,
+                ) % {"count": revoked},
+                messages.WARNING if revoked else messages.INFO,
+            )
+
+    @admin.action(description=_("Pause the selected tasks"), permissions=["pause"])
+    def pause_selected(self, request: HttpRequest, queryset: QuerySet[JobPolicy]) -> None:
+        self._steer(request, [policy.task for policy in queryset], "pause")
+
+    @admin.action(description=_("Resume the selected tasks"), permissions=["pause"])
+    def resume_selected(self, request: HttpRequest, queryset: QuerySet[JobPolicy]) -> None:
+        self._steer(request, [policy.task for policy in queryset], "resume")
+
+    @admin.action(
+        description=_("Pause the selected tasks and revoke their running executions"),
+        permissions=["pause"],
+    )
+    def pause_and_revoke_selected(
+        self, request: HttpRequest, queryset: QuerySet[JobPolicy]
+    ) -> TemplateResponse | None:
+        chosen = list(queryset.order_by("task"))
+        if request.POST.get("confirm") == "yes":
+            self._steer(request, [policy.task for policy in chosen], "pause_and_revoke")
+            return None
+        _require_rules(request, "revoke", [policy.access_key for policy in chosen])
+        return _confirmation(
+            request, self,
+            title=str(_("Pause and revoke running executions?")),
+            explanation=str(_(
+                "New executions of these tasks stop running their bodies (deferred or skipped, "
+                "as each policy says). The leases of the executions running now are revoked: "
+                "their keep-alives find the lease lost and their later fenced writes are "
+                "refused; the next grant of each key fences them out. Work they already "
+                "wrote stays."
+            )),
+            button=str(_("Yes, pause and revoke")),
+            objects=chosen,
+            headers=[str(_("task")), str(_("paused")), str(_("running now"))],
+            rows=[[policy.task, policy.paused, self.running_now(policy)] for policy in chosen],
+            action="pause_and_revoke_selected",
+        )
+
+    def steer_view(self, request: HttpRequest) -> HttpResponse:
+        """The jobs page's buttons: POST ``task`` and ``how`` (pause, resume,
+        pause_and_revoke); back to the jobs page."""
+        back = reverse("admin:coordination_jobs")
+        if request.method != "POST":
+            return HttpResponseRedirect(back)
+        task, how = request.POST.get("task", ""), request.POST.get("how", "")
+        if how not in ("pause", "resume", "pause_and_revoke"):
+            raise PermissionDenied
+        try:
+            validate_task_pattern(task)
+        except InvalidInput as error:
+            self.message_user(request, error.detail, messages.ERROR)
+            return HttpResponseRedirect(back)
+        self._steer(request, [task], how)
+        return HttpResponseRedirect(back)
+
+    def jobs_view(self, request: HttpRequest) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        rules = access.for_request(request)
+        shown = dashboard.Shown(
+            grants=_has_perm(request, "view_grant"),
+            rejections=_has_perm(request, "view_rejection"),
+            accepted_writes=False,
+            access=rules,
+        )
+        can_pause = self.has_pause_permission(request)
+        data = dashboard.build_jobs(
+            shown=shown,
+            may_steer=lambda task: can_pause and rules.allows("revoke", jobs.permit_name(task)),
+        )
+        try:
+            refresh = max(0, min(int(request.GET.get("refresh", DASHBOARD_REFRESH_SECONDS)), 3600))
+        except ValueError:
+            refresh = DASHBOARD_REFRESH_SECONDS
+        context = {
+            **_page_context(request, self, str(_("Jobs")), changelist=True),
+            "title": _("Fenced tasks"),
+            "jobs": data,
+            "refresh": refresh,
+            "show_grants": shown.grants,
+            "policy_refresh": app_settings.JOB_POLICY_REFRESH,
+        }
+        return TemplateResponse(request, "coordination/admin/jobs.html", context)
 
 
 # --- API tokens ------------------------------------------------------------------------

@@ -252,6 +252,16 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
                 id="coordination.E003",
             )
         ]
+    refresh = values["JOB_POLICY_REFRESH"]
+    if isinstance(refresh, bool) or not isinstance(refresh, int | float) or not 0 <= refresh <= 3600:
+        return [
+            Error(
+                f"COORDINATION['JOB_POLICY_REFRESH'] is {refresh!r}.",
+                hint="Seconds a worker process keeps the job policies it read, from 0 (read "
+                "them at every execution) to 3600 (docs/jobs.md).",
+                id="coordination.E003",
+            )
+        ]
     return _beat_settings(values)
 
 

@@ -57,6 +57,9 @@ Defaults (override any key in your settings)::
                                     # (no statement from its holder) before the server ends
                                     # it, so a paused or hung holder cannot keep the fence's
                                     # row locked; None: the server's own setting
+        "JOB_POLICY_REFRESH": 2.0,  # seconds a worker process keeps the job policies it
+                                    # read (docs/jobs.md): a change in the admin or over
+                                    # REST applies to executions that start later than this
     }
 """
 
@@ -96,6 +99,7 @@ DEFAULTS: dict[str, Any] = {
     "BEAT_LOCK_DELAY": None,
     "ASYNC_THREADS": 8,
     "FENCE_IDLE_TIMEOUT": None,
+    "JOB_POLICY_REFRESH": 2.0,
 }
 
 

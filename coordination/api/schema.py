@@ -51,6 +51,10 @@ SCHEMA_SETTINGS: dict[str, Any] = {
 }
 
 
+API_VIEW_MODULES = ("coordination.api.views", "coordination.api.jobs")
+"""The modules of the API's views: the schema and docs views are not among them."""
+
+
 def coordination_endpoints(endpoints: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
     """drf-spectacular preprocessing hook: this app's API views only.
 
@@ -60,7 +64,7 @@ def coordination_endpoints(endpoints: list[tuple[Any, ...]]) -> list[tuple[Any, 
     return [
         endpoint
         for endpoint in endpoints
-        if getattr(getattr(endpoint[3], "cls", None), "__module__", "") == "coordination.api.views"
+        if getattr(getattr(endpoint[3], "cls", None), "__module__", "") in API_VIEW_MODULES
     ]
 
 

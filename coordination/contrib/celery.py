@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any, TypeVar, overload
+from typing import Any, NoReturn, TypeVar, cast, overload
 
 from celery import Task, shared_task
 from celery._state import _task_stack  # type: ignore[attr-defined]
+from celery.exceptions import Retry
 from celery.signals import worker_init
 
 from .. import locks, signals
@@ -140,6 +141,7 @@ class FencedTask(Task):  # type: ignore[type-arg]  # the body's signature is not
             task=self,
             label=f"{self.name}[{request.id}]",
             concurrency=self.fenced_concurrency,
+            name=self.name,
         )
         body: Callable[[], Any] = lambda: self.run(*args, **kwargs)  # noqa: E731
         if self.fenced_once_per_slot:
@@ -153,6 +155,26 @@ class FencedTask(Task):  # type: ignore[type-arg]  # the body's signature is not
             retry=lambda held, countdown: self.retry(exc=held, countdown=countdown),
             superseded=(lambda: self._superseded(key)) if self.fenced_supersede else None,
             sender=type(self),
+            # Called directly or eagerly there is no message to send again: a
+            # paused task then waits in the caller until resumed.
+            defer=None if request.called_directly or request.is_eager
+            else lambda countdown: self._defer(args, kwargs, countdown),
+        )
+
+    def _defer(self, args: tuple[Any, ...], kwargs: dict[str, Any], countdown: float) -> NoReturn:
+        """Send this message again in ``countdown`` seconds, paused by its job policy.
+
+        The copy keeps the task id, the retry count and the headers (a
+        supersede number, a beat slot), so a deferral never spends
+        ``max_retries`` and the execution it becomes is the same task to its
+        caller. ``Retry`` ends this execution as Celery's own retry does: the
+        worker acknowledges the message only after the copy was sent.
+        """
+        signature = self.signature_from_request(self.request, args, kwargs, countdown=countdown)
+        signature.apply_async()
+        raise Retry(
+            f"deferred: paused by its job policy; asks again in {countdown:g} s",
+            when=cast(Any, countdown), sig=signature,
         )
 
     def retry(self, *args: Any, **kwargs: Any) -> Any:

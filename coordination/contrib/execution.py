@@ -19,11 +19,16 @@ task bodies through :class:`FencedExecution`, so both behave the same way:
   nothing to clean up by hand;
 - a busy lock is handled the same way: ``on_busy="raise"`` (``LockHeld``),
   ``"skip"`` (a :class:`Skipped` result, logged and signalled) or ``"retry"``
-  (the integration's own retry, after the holder's remaining lease).
+  (the integration's own retry, after the holder's remaining lease);
+- the task's job policy (:mod:`coordination.jobs`), read at each execution,
+  applies the same way: a paused task defers (the integration's ``defer``) or
+  skips, ``max_running`` takes a fenced permit beside the key's lock, and
+  ``ttl`` and ``on_busy`` overrides replace the decorator's.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import functools
 import heapq
@@ -40,12 +45,12 @@ from typing import Any, Literal, Required, TypedDict, TypeVar, Unpack, cast, get
 
 from django.db import connections
 
-from .. import aio, locks, signals
+from .. import aio, jobs, locks, signals
 from ..conf import app_settings
 from ..exceptions import InvalidInput, LeaseLost, LockHeld
 from ..leases import Lease
 from ..logfields import LogFields
-from ..models import HOLDER_MAX_LENGTH, Grant, validate_key
+from ..models import HOLDER_MAX_LENGTH, Grant, JobOutcome, WhenPaused, validate_key
 from ..semaphores import aacquire_permit, acquire_permit, permit_keys
 
 __all__ = [
@@ -56,6 +61,7 @@ __all__ = [
     "OnBusy",
     "Skipped",
     "current_execution",
+    "deferred",
     "holder_name",
     "lock_key_for",
     "release_quietly",
@@ -143,13 +149,19 @@ class Skipped(dict[str, Any]):
     """The result of an execution that did not run its body: skipped or superseded.
 
     A dict (JSON-serialisable for any result backend) with ``coordination`` set to
-    ``"skipped"``, ``reason`` (``"lock_held"`` or ``"superseded"``), ``key`` and
-    ``detail``: never mistaken for a silent success.
+    ``"skipped"``, ``reason`` (``"lock_held"``, ``"superseded"`` or ``"paused"``),
+    ``key`` and ``detail``: never mistaken for a silent success. An execution
+    deferred by a paused policy where the integration sends a new message
+    (``django.tasks``) has ``coordination`` set to ``"deferred"``.
     """
 
 
 def skipped(reason: str, key: str, detail: str) -> Skipped:
     return Skipped(coordination="skipped", reason=reason, key=key, detail=detail)
+
+
+def deferred(key: str, detail: str) -> Skipped:
+    return Skipped(coordination="deferred", reason="paused", key=key, detail=detail)
 
 
 class KeepAlive:
@@ -188,8 +200,14 @@ class KeepAlive:
     that is safe on a loaded machine.
     """
 
-    def __init__(self, grant: Lease, *, ttl: float, using: str | None = None) -> None:
+    def __init__(
+        self, grant: Lease, *, ttl: float, using: str | None = None, linked: Lease | None = None
+    ) -> None:
         self.grant = grant
+        #: A lease marked lost together with ``grant`` (an execution's key grant,
+        #: for the keep-alive of its policy permit): work that needs both stops
+        #: writing once either is lost.
+        self.linked = linked
         self.ttl = ttl
         self.interval = ttl / 3
         self.using = using
@@ -275,7 +293,10 @@ class KeepAlive:
                 try:
                     locks.renew(self.grant, ttl=self.ttl, using=self.using)
                 except LeaseLost:
-                    return  # renew() marked the grant lost and sent lock_lost
+                    # renew() marked the grant lost and sent lock_lost.
+                    if self.linked is not None:
+                        self.linked.mark_lost()
+                    return
                 except Exception as error:
                     left = self._deadline - time.monotonic()
                     if left <= 0:
@@ -334,6 +355,8 @@ class KeepAlive:
 
     def _lose(self, error: BaseException) -> None:
         self.grant.mark_lost()
+        if self.linked is not None:
+            self.linked.mark_lost()
         logger.warning(
             "lease renewal failed, the grant is marked lost %s",
             LogFields(key=self.grant.key, token=self.grant.token, error=error),
@@ -431,6 +454,7 @@ class _ExecutionOptions(TypedDict, total=False):
     task: Any
     label: str | None
     concurrency: int | None
+    name: str | None
 
 
 class _Execution:
@@ -449,6 +473,7 @@ class _Execution:
         task: Any = None,
         label: str | None = None,
         concurrency: int | None = None,
+        name: str | None = None,
     ) -> None:
         if concurrency is not None:
             permit_keys(key, concurrency)  # InvalidInput for a bad limit, before any grant
@@ -461,7 +486,51 @@ class _Execution:
         self.task = task
         self.label = label or holder
         self.concurrency = concurrency
+        #: The task's name, which its job policy is looked up by (None: no policy).
+        self.name = name
+        self.policy: jobs.Policy | None = None
+        #: With a policy's ``max_running``: the cap and the execution's permit.
+        self.max_running: int | None = None
+        self.permit: Lease | None = None
         self.grant: Lease | None = None
+
+    def _read_policy(self, on_busy: OnBusy) -> OnBusy:
+        """Read the task's job policy (cached per process) and apply its overrides;
+        returns the ``on_busy`` in force. Called before the acquire, on the thread
+        that runs the execution (a database read at most every refresh)."""
+        if self.name is None:
+            return on_busy
+        self.policy = policy = jobs.policy_for(self.name, using=self.using)
+        if policy is None:
+            return on_busy
+        if policy.ttl is not None:
+            self.ttl = policy.ttl
+        self.max_running = policy.max_running
+        return cast(OnBusy, policy.on_busy) if policy.on_busy else on_busy
+
+    def _paused_detail(self) -> str:
+        assert self.policy is not None
+        return (
+            f"task {self.name} is paused by job policy {self.policy.task!r}; "
+            f"{'skipped' if self.policy.when_paused == WhenPaused.SKIP else 'deferred'}"
+        )
+
+    def _skip_paused(self, sender: Any) -> Skipped:
+        detail = self._paused_detail()
+        logger.info("task skipped %s", LogFields(task=self.label, detail=detail))
+        self._tally(JobOutcome.SKIPPED)
+        signals.task_skipped.send(
+            sender=sender, task=self.task, key=self.key, reason="paused", error=None
+        )
+        return skipped("paused", self.key, detail)
+
+    def _pause_poll(self) -> float:
+        assert self.policy is not None
+        return max(0.05, min(self.policy.defer_seconds, float(app_settings.JOB_POLICY_REFRESH)))
+
+    def _tally(self, outcome: JobOutcome) -> None:
+        if self.name is not None:
+            jobs.tally(self.name, outcome, using=self.using)
 
 
 class FencedExecution(_Execution):
@@ -485,6 +554,7 @@ class FencedExecution(_Execution):
     def __init__(self, key: str, **options: Unpack[_ExecutionOptions]) -> None:
         super().__init__(key, **options)
         self._keeper: KeepAlive | None = None
+        self._permit_keeper: KeepAlive | None = None
         self._contexts: list[AbstractContextManager[Any]] = []
         self._running: contextvars.Token[FencedExecution | None] | None = None
         self._ended = False
@@ -495,20 +565,45 @@ class FencedExecution(_Execution):
         ``<key>@<slot>``, whose tokens fence the body's writes). ``LockHeld``
         when none is granted within ``wait``, either way."""
         if self.concurrency is None:
-            self.grant = locks.acquire(
+            grant = locks.acquire(
                 self.key, holder=self.holder, ttl=self.ttl, wait=self.wait, using=self.using
             )
         else:
-            self.grant = acquire_permit(
+            grant = acquire_permit(
                 self.key, limit=self.concurrency, holder=self.holder, ttl=self.ttl,
                 wait=self.wait, using=self.using,
             )
-        return self.grant
+        if self.max_running is not None and self.name is not None:
+            # The key's lock first: a busy key then never holds a task permit,
+            # even for a moment, that an execution of another key could use.
+            if self.keepalive and self.wait > 0:
+                # The wait for a permit may outlast the key's lease: keep it alive.
+                self._keeper = KeepAlive(grant, ttl=self.ttl, using=self.using).start()
+            try:
+                self.permit = acquire_permit(
+                    jobs.permit_name(self.name), limit=self.max_running, holder=self.holder,
+                    ttl=self.ttl, wait=self.wait, using=self.using,
+                )
+            except BaseException:
+                if self._keeper is not None:
+                    self._keeper.stop()
+                    self._keeper = None
+                release_quietly(grant, using=self.using)
+                raise
+        self.grant = grant
+        return grant
 
     def __enter__(self) -> Lease:
         grant = self.grant if self.grant is not None else self.acquire()
         if self.keepalive:
-            self._keeper = KeepAlive(grant, ttl=self.ttl, using=self.using).start()
+            if self._keeper is None:
+                self._keeper = KeepAlive(grant, ttl=self.ttl, using=self.using).start()
+            if self.permit is not None:
+                # The permit's loss (revoked, or expired in a pause) marks the key's
+                # grant lost too: the body's later fenced writes are refused.
+                self._permit_keeper = KeepAlive(
+                    self.permit, ttl=self.ttl, using=self.using, linked=grant
+                ).start()
         context = locks.use_grant(grant)
         context.__enter__()
         self._contexts.append(context)
@@ -538,7 +633,11 @@ class FencedExecution(_Execution):
         # The keep-alive stops first, so it cannot renew (and fail on) a released lease.
         if self._keeper is not None:
             self._keeper.stop()
+        if self._permit_keeper is not None:
+            self._permit_keeper.stop()
         release_quietly(self.grant, using=self.using)
+        if self.permit is not None:
+            release_quietly(self.permit, using=self.using)
 
     def run(
         self,
@@ -548,18 +647,41 @@ class FencedExecution(_Execution):
         retry: Callable[[LockHeld, float], Any] | None = None,
         superseded: Callable[[], Skipped | None] | None = None,
         sender: Any = None,
+        defer: Callable[[float], Any] | None = None,
     ) -> _T | Skipped:
         """Run ``body`` under a new grant; the outcome is the body's.
 
+        - The task's job policy (``name``) is read first. Paused: with
+          ``when_paused="skip"`` the result is a :class:`Skipped` (reason
+          ``"paused"``); else the execution is deferred: ``defer(countdown)`` is
+          called and its result (or exception: Celery's ``Retry``) is the
+          outcome; without ``defer`` the execution waits here, reading the
+          policy again every ``JOB_POLICY_REFRESH`` seconds, until resumed.
         - ``superseded``: asked before the acquire and again under the new lease; a
           :class:`Skipped` it returns is the result, without running the body.
-        - ``on_busy`` when the lock stays held for ``wait`` seconds: ``"raise"``
+        - ``on_busy`` when the lock (or every permit of the policy's
+          ``max_running``) stays held for ``wait`` seconds: ``"raise"``
           (``LockHeld``), ``"skip"`` (log, ``signals.task_skipped(sender=sender,
           task=..., reason="lock_held")``, a :class:`Skipped` result) or ``"retry"``:
           ``raise retry(held, countdown)``, the countdown being the holder's
           remaining lease (database time) plus jitter.
         """
+        on_busy = self._read_policy(on_busy)
+        waited = False
+        while self.policy is not None and self.policy.paused:
+            if self.policy.when_paused == WhenPaused.SKIP:
+                return self._skip_paused(sender)
+            if not waited:
+                logger.info("task deferred %s", LogFields(task=self.label, detail=self._paused_detail()))
+                self._tally(JobOutcome.DEFERRED)
+            if defer is not None:
+                return cast(_T | Skipped, defer(self.policy.defer_seconds))
+            # No way to send the execution again: it waits in this worker.
+            waited = True
+            time.sleep(self._pause_poll())
+            on_busy = self._read_policy(on_busy)
         if superseded is not None and (passed := superseded()) is not None:
+            self._tally(JobOutcome.SKIPPED)
             return passed
         try:
             self.acquire()
@@ -567,6 +689,7 @@ class FencedExecution(_Execution):
             return self._busy(held, on_busy, retry, sender)
         with self:
             if superseded is not None and (passed := superseded()) is not None:
+                self._tally(JobOutcome.SKIPPED)
                 return passed
             return body()
 
@@ -579,6 +702,7 @@ class FencedExecution(_Execution):
     ) -> Skipped:
         if on_busy == "skip":
             logger.warning("task skipped %s", LogFields(task=self.label, detail=held.detail))
+            self._tally(JobOutcome.SKIPPED)
             signals.task_skipped.send(
                 sender=sender, task=self.task, key=self.key, reason="lock_held", error=held
             )
@@ -612,8 +736,26 @@ class AsyncFencedExecution(_Execution):
         *,
         on_busy: OnBusy = "raise",
         sender: Any = None,
+        defer: Callable[[float], Any] | None = None,
     ) -> _T | Skipped:
-        """Await ``body`` under a new grant; ``on_busy`` is ``"raise"`` or ``"skip"``."""
+        """Await ``body`` under a new grant; ``on_busy`` is ``"raise"`` or ``"skip"``.
+
+        The job policy applies as in :meth:`FencedExecution.run` (``defer`` runs
+        on the app's thread pool; without it a paused execution waits with
+        ``asyncio.sleep``). The permit of a policy's ``max_running`` is kept
+        alive beside the grant and released with it."""
+        on_busy = await aio.run_sync(self._read_policy, on_busy)
+        waited = False
+        while self.policy is not None and self.policy.paused:
+            if self.policy.when_paused == WhenPaused.SKIP:
+                return await aio.run_sync(self._skip_paused, sender)
+            if not waited:
+                await aio.run_sync(self._tally, JobOutcome.DEFERRED)
+            if defer is not None:
+                return cast(_T | Skipped, await aio.run_sync(defer, self.policy.defer_seconds))
+            waited = True
+            await asyncio.sleep(self._pause_poll())
+            on_busy = await aio.run_sync(self._read_policy, on_busy)
         try:
             if self.concurrency is None:
                 self.grant = grant = await locks.aacquire(
@@ -624,27 +766,47 @@ class AsyncFencedExecution(_Execution):
                     self.key, limit=self.concurrency, holder=self.holder, ttl=self.ttl,
                     wait=self.wait, using=self.using,
                 )
+            if self.max_running is not None and self.name is not None:
+                # The wait for a permit may outlast the key's lease: keep it alive.
+                waiting = (
+                    locks.AsyncKeepAlive(grant, ttl=self.ttl, using=self.using).start()
+                    if self.keepalive and self.wait > 0 else None
+                )
+                try:
+                    try:
+                        self.permit = await aacquire_permit(
+                            jobs.permit_name(self.name), limit=self.max_running,
+                            holder=self.holder, ttl=self.ttl, wait=self.wait, using=self.using,
+                        )
+                    finally:
+                        if waiting is not None:
+                            await waiting.stop()
+                except BaseException:
+                    await aio.run_to_completion(release_quietly, grant, using=self.using)
+                    raise
         except LockHeld as held:
             if on_busy == "skip":
                 logger.warning("task %s skipped: %s", self.label, held.detail)
+                await aio.run_sync(self._tally, JobOutcome.SKIPPED)
                 signals.task_skipped.send(
                     sender=sender, task=self.task, key=self.key, reason="lock_held", error=held
                 )
                 return skipped("lock_held", self.key, held.detail)
             raise
-        keeper = (
-            locks.AsyncKeepAlive(grant, ttl=self.ttl, using=self.using).start()
-            if self.keepalive else None
-        )
+        leases = [grant] if self.permit is None else [grant, self.permit]
+        keepers = [
+            locks.AsyncKeepAlive(lease, ttl=self.ttl, using=self.using).start() for lease in leases
+        ] if self.keepalive else []
         try:
             with locks.use_grant(grant):
                 return await body()
         finally:
             try:
-                if keeper is not None:
+                for keeper in keepers:
                     await keeper.stop()
             finally:
-                await aio.run_to_completion(release_quietly, grant, using=self.using)
+                for lease in leases:
+                    await aio.run_to_completion(release_quietly, lease, using=self.using)
 
 
 _current_execution: contextvars.ContextVar[FencedExecution | None] = contextvars.ContextVar(

@@ -27,24 +27,34 @@ the worker), is skipped (``on_busy="skip"``: the result is a
 :class:`~coordination.contrib.execution.Skipped` dict, logged and signalled) or
 fails the task (``on_busy="raise"``, the default: ``LockHeld``).
 
+The task's job policy (:mod:`coordination.jobs`, looked up by the function's
+``module.qualname``, the name in its holder) applies as for Celery. A paused
+run is deferred by enqueueing the task again with ``run_after`` (its result is
+a ``Skipped`` dict with ``coordination: "deferred"``) on a backend that
+supports it; on one that does not (the immediate backend) it waits in the
+worker until resumed.
+
 This module imports on Django 5.2 too; ``fenced_task`` then raises
 ``ImproperlyConfigured``, since there is no ``django.tasks`` to register with.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
+from django.utils import timezone
 
 from ..exceptions import InvalidInput
 from .execution import (
     AsyncFencedExecution,
     FencedExecution,
     LockSpec,
+    deferred,
     holder_name,
     resolve_lock_key,
     validate_on_busy,
@@ -53,6 +63,7 @@ from .execution import (
 __all__ = ["fenced", "fenced_task"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
+_E = TypeVar("_E", FencedExecution, AsyncFencedExecution)
 
 
 def fenced(
@@ -64,13 +75,16 @@ def fenced(
     keepalive: bool = True,
     takes_context: bool = False,
     using: str | None = None,
+    registered: Callable[[], Any] | None = None,
 ) -> Callable[[_F], _F]:
     """Wrap a task function so that each call runs under a new grant of ``lock``.
 
     The building block of :func:`fenced_task`; use it directly under another
     task decorator (``@task(...)`` of a third-party backend) if needed. With
     ``takes_context=True`` the first argument (Django's ``TaskContext``) is not
-    part of the lock key template.
+    part of the lock key template. ``registered`` returns the ``django.tasks``
+    Task the function became, which a paused run enqueues again (None: a
+    paused run waits in the worker).
     """
     if not (isinstance(lock, str) or callable(lock)):
         raise InvalidInput("fenced(lock=...) must be a key template or a callable")
@@ -78,41 +92,58 @@ def fenced(
 
     def decorate(func: _F) -> _F:
         signature = _key_signature(func, takes_context)
+        name = f"{func.__module__}.{func.__qualname__}"
+
+        def execution(args: tuple[Any, ...], kwargs: dict[str, Any], kind: type[_E]) -> _E:
+            key_args = args[1:] if takes_context else args
+            key = resolve_lock_key(lock, signature, key_args, kwargs)
+            task_id, attempt = _identity(args[0] if takes_context and args else None)
+            return kind(
+                key, holder=holder_name(name, task_id, attempt), ttl=ttl, wait=wait,
+                keepalive=keepalive, using=using, task=func, label=f"{func.__qualname__}[{task_id}]",
+                name=name,
+            )
+
+        def deferrer(
+            key: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+        ) -> Callable[[float], Any] | None:
+            """Enqueue the run again with ``run_after``, or None where the backend cannot."""
+            task = registered() if registered is not None else None
+            if task is None or not getattr(task.get_backend(), "supports_defer", False):
+                return None
+
+            def defer(countdown: float) -> Any:
+                again = task.using(
+                    run_after=timezone.now() + dt.timedelta(seconds=countdown)
+                ).enqueue(*(args[1:] if takes_context else args), **kwargs)
+                return deferred(
+                    key, f"paused by its job policy; enqueued again as {again.id}, "
+                    f"to run in {countdown:g} s",
+                )
+
+            return defer
+
         if inspect.iscoroutinefunction(func):
             # Wrapped by a coroutine function in turn, so that django.tasks awaits
             # the body (and the lease's whole life) instead of a bare coroutine
             # object returned after the lease was released.
             @functools.wraps(func)
             async def arun(*args: Any, **kwargs: Any) -> Any:
-                key_args = args[1:] if takes_context else args
-                key = resolve_lock_key(lock, signature, key_args, kwargs)
-                task_id, attempt = _identity(args[0] if takes_context and args else None)
-                execution = AsyncFencedExecution(
-                    key,
-                    holder=holder_name(f"{func.__module__}.{func.__qualname__}", task_id, attempt),
-                    ttl=ttl, wait=wait, keepalive=keepalive, using=using, task=func,
-                    label=f"{func.__qualname__}[{task_id}]",
+                run = execution(args, kwargs, AsyncFencedExecution)
+                return await run.run(
+                    lambda: func(*args, **kwargs), on_busy=busy, sender=fenced,
+                    defer=deferrer(run.key, args, kwargs),
                 )
-                return await execution.run(lambda: func(*args, **kwargs), on_busy=busy, sender=fenced)
 
             return arun  # type: ignore[return-value]
 
         @functools.wraps(func)
         def run(*args: Any, **kwargs: Any) -> Any:
-            key_args = args[1:] if takes_context else args
-            key = resolve_lock_key(lock, signature, key_args, kwargs)
-            task_id, attempt = _identity(args[0] if takes_context and args else None)
-            execution = FencedExecution(
-                key,
-                holder=holder_name(f"{func.__module__}.{func.__qualname__}", task_id, attempt),
-                ttl=ttl,
-                wait=wait,
-                keepalive=keepalive,
-                using=using,
-                task=func,
-                label=f"{func.__qualname__}[{task_id}]",
+            one = execution(args, kwargs, FencedExecution)
+            return one.run(
+                lambda: func(*args, **kwargs), on_busy=busy, sender=fenced,
+                defer=deferrer(one.key, args, kwargs),
             )
-            return execution.run(lambda: func(*args, **kwargs), on_busy=busy, sender=fenced)
 
         return run  # type: ignore[return-value]
 
@@ -145,14 +176,15 @@ def fenced_task(
             "coordination.contrib.tasks.fenced_task needs django.tasks (Django 6.0 or newer); "
             "on older Django use coordination.contrib.celery.fenced_task"
         ) from None
-    wrap = fenced(
-        lock=lock, ttl=ttl, wait=wait, on_busy=on_busy, keepalive=keepalive,
-        takes_context=takes_context, using=using,
-    )
-
     register: Any = task  # its overloads need takes_context as a literal
     def decorate(func: Callable[..., Any]) -> Any:
-        return register(takes_context=takes_context, **task_options)(wrap(func))
+        made: list[Any] = []  # the Task, once registered: a paused run enqueues it again
+        wrap = fenced(
+            lock=lock, ttl=ttl, wait=wait, on_busy=on_busy, keepalive=keepalive,
+            takes_context=takes_context, using=using, registered=lambda: made[0] if made else None,
+        )
+        made.append(register(takes_context=takes_context, **task_options)(wrap(func)))
+        return made[0]
 
     return decorate
 

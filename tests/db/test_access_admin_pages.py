@@ -3,8 +3,8 @@
 Two tenants, ``tenant-a:*`` and ``tenant-b:*``, each with a row of every model
 the app's admins show (locks, grants, fences, refused and accepted writes,
 documents, idempotency records, access rules, election roles, beat slots,
-unfenced saves) and
-of every :class:`~coordination.admin.FencedModelAdmin` of the site (the demo's
+unfenced saves, job policies) and of every
+:class:`~coordination.admin.FencedModelAdmin` of the site (the demo's
 accounts). A staff user with every permission of those apps and rules on
 tenant-a's keys only walks every URL each registered admin serves (list,
 search, change, history, delete, the operator pages, the dashboard), every
@@ -29,11 +29,11 @@ from django.db.models import ForeignKey, Model
 from django.test import Client
 from django.urls import URLPattern, reverse
 
-from coordination import documents, locks
+from coordination import documents, jobs, locks
 from coordination.admin import FencedModelAdmin
 from coordination.exceptions import DuplicateWrite
 from coordination.fencing import unfenced
-from coordination.models import AccessRule, BeatSlot, IdempotencyRecord
+from coordination.models import AccessRule, BeatSlot, IdempotencyRecord, JobPolicy
 from project.demo.models import Account
 from tests.support.hostile import tally_requests  # noqa: F401  (the module's fixture)
 
@@ -74,6 +74,9 @@ def seed_tenant(tenant: str, host: str, owner: User) -> Account:
         role=f"{tenant}:beat", entry=f"{tenant}-nightly", task=f"billing.{tenant}-invoices",
         due_at=dt.datetime(2026, 12, 1, 3, tzinfo=dt.UTC), term=1, claimed_by=holder,
     )
+    JobPolicy(task=f"{tenant}-jobs.nightly", max_running=2).save(changed_by=holder)
+    jobs.tally(f"{tenant}-jobs.nightly", "deferred")
+    locks.acquire(f"{tenant}:nightly", holder=f"{tenant}-jobs.nightly[1]#1 on {host}:1", ttl=300)
     account = Account.objects.create(owner=f"{tenant}-owner", balance=Decimal("10.00"))
     loaded_before = Account.objects.get(pk=account.pk)
     lease = locks.acquire(f"account:{account.pk}", holder=holder, ttl=300)
@@ -93,7 +96,7 @@ def tenants() -> tuple[Client, Account]:
     operator.user_permissions.set(Permission.objects.filter(content_type__app_label__in=apps))
     account = seed_tenant("tenant-a", "a-host-3", operator)
     everything = {"read": True, "write": True, "acquire": True, "revoke": True}
-    for pattern in ("election:tenant-a:*", f"account:{account.pk}"):
+    for pattern in ("election:tenant-a:*", "task:tenant-a-*", f"account:{account.pk}"):
         AccessRule.objects.create(user=operator, pattern=pattern, **everything)
     AccessRule.objects.filter(user=operator, pattern="tenant-a:*").update(**everything)
     client = Client()

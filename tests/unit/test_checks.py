@@ -327,3 +327,12 @@ def test_redis_broker_without_the_redis_package_is_e023(monkeypatch: pytest.Monk
 def test_redis_broker_with_the_redis_package_passes() -> None:
     with override_settings(CELERY_BROKER_URL="redis://localhost:6379/0"):
         assert checks.check_celery_broker_client() == []
+
+
+@pytest.mark.parametrize("value", [-1, "2", True, None, 3601])
+def test_a_bad_job_policy_refresh_is_e003(value: object) -> None:
+    with override_settings(COORDINATION={"JOB_POLICY_REFRESH": value}):
+        assert ids(checks.check_settings()) == ["coordination.E003"]
+    for good in (0, 0.5, 2, 3600):
+        with override_settings(COORDINATION={"JOB_POLICY_REFRESH": good}):
+            assert checks.check_settings() == []

@@ -1,0 +1,191 @@
+"""REST views of job policies: read, create or replace, change and delete one task's policy.
+
+The same rules as the admin (:mod:`coordination.jobs`): a policy is the lock
+key ``task:<task>`` to the access rules (``read`` to see it, ``revoke`` to
+change it), the Django permissions of the JobPolicy model apply, and every
+change is recorded with the API user as who made it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+from django.db.models import CharField, QuerySet, Value
+from django.db.models.functions import Concat
+from django.http import Http404
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import serializers, status
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from .. import access, jobs
+from ..conf import app_settings
+from ..exceptions import InvalidInput
+from ..models import KEY_MAX_LENGTH, JobPolicy, WhenPaused, validate_task_pattern
+from .serializers import StrictCharField, StrictIntegerField, StrictSecondsField, StrictSerializer
+from .views import CoordinationListView, CoordinationView, _errors, _valid, operation
+
+TASK_PARAMETER = OpenApiParameter(
+    "task",
+    {"type": "string", "maxLength": KEY_MAX_LENGTH - 5},
+    OpenApiParameter.PATH,
+    description="The task's name, or a name's beginning followed by * (a pattern policy).",
+)
+
+
+class StrictBooleanField(serializers.BooleanField):
+    """A JSON boolean only: not ``"true"``, 1 or ``"yes"``."""
+
+    def to_internal_value(self, data: Any) -> bool:
+        if not isinstance(data, bool):
+            raise serializers.ValidationError("Must be a JSON boolean.", code="invalid")
+        return data
+
+
+class JobPolicySerializer(serializers.ModelSerializer[JobPolicy]):
+    class Meta:
+        model = JobPolicy
+        fields = [
+            "task", "paused", "when_paused", "defer_seconds", "max_running", "ttl", "on_busy",
+            "note", "updated_at",
+        ]
+
+
+class JobPolicyWrite(StrictSerializer):
+    """Body of a policy's PUT (every field optional: a missing one takes its default)
+    or PATCH (a missing one is left as it is)."""
+
+    paused = StrictBooleanField(required=False, help_text="Executions that start now do not run.")
+    when_paused = serializers.ChoiceField(
+        choices=WhenPaused.choices, required=False,
+        help_text="`defer` (default: sent again after `defer_seconds`) or `skip`.",
+    )
+    defer_seconds = StrictSecondsField(
+        required=False, min_value=0.1, max_value=3600.0,
+        help_text="Countdown of a deferred execution, seconds (default 10).",
+    )
+    max_running = StrictIntegerField(
+        required=False, allow_null=True, min_value=1, max_value=1000,
+        help_text="At most this many executions at once; null: no cap.",
+    )
+    on_busy = serializers.ChoiceField(
+        choices=["", "retry", "skip", "raise"], required=False,
+        help_text="Overrides the decorator's on_busy; empty: the decorator's.",
+    )
+    note = StrictCharField(required=False, allow_blank=True, max_length=200)
+
+    def get_fields(self) -> dict[str, serializers.Field[Any, Any, Any, Any]]:
+        fields = super().get_fields()
+        fields["ttl"] = StrictSecondsField(
+            required=False, allow_null=True, min_value=float(app_settings.MIN_TTL),
+            max_value=float(app_settings.MAX_TTL),
+            help_text="Lease of each execution, seconds; null: the decorator's.",
+        )
+        return fields
+
+
+def _path_task(task: str) -> str:
+    try:
+        return validate_task_pattern(task)
+    except InvalidInput as error:
+        raise serializers.ValidationError({"task": [error.detail]}, code="invalid") from None
+
+
+@extend_schema(tags=["jobs"])
+class JobPolicyListView(CoordinationListView):
+    """Every job policy the user may read, ordered by task."""
+
+    serializer_class = JobPolicySerializer
+    required_permissions = {"GET": "coordination.view_jobpolicy"}
+
+    def get_queryset(self) -> QuerySet[JobPolicy]:
+        rows = JobPolicy.objects.order_by("task").alias(
+            rules_key=Concat(Value("task:"), "task", output_field=CharField())
+        )
+        return access.for_request(self.request).filter(rows, "read", "rules_key")
+
+    @operation(
+        operation_id="job_policies_list",
+        responses={200: JobPolicySerializer(many=True), **_errors(404)},
+    )
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().get(request, *args, **kwargs)
+
+
+@extend_schema(tags=["jobs"], parameters=[TASK_PARAMETER])
+class JobPolicyDetailView(CoordinationView):
+    """One task's policy: read it, put it (create or replace), patch it, delete it."""
+
+    required_permissions = {
+        "GET": "coordination.view_jobpolicy",
+        "PUT": "coordination.change_jobpolicy",
+        "PATCH": "coordination.change_jobpolicy",
+        "DELETE": "coordination.delete_jobpolicy",
+    }
+
+    def _policy(self, request: Request, task: str, action: str) -> JobPolicy | None:
+        task = _path_task(task)
+        access.for_request(request).require(action, jobs.permit_name(task))
+        return JobPolicy.objects.filter(task=task).first()
+
+    @operation(operation_id="job_policies_retrieve", responses={200: JobPolicySerializer, **_errors(404)})
+    def get(self, request: Request, task: str) -> Response:
+        policy = self._policy(request, task, "read")
+        if policy is None:
+            raise Http404
+        return Response(JobPolicySerializer(policy).data)
+
+    @operation(
+        operation_id="job_policies_put",
+        summary="Create or replace a task's policy",
+        description=(
+            "Fields left out take their defaults. Workers apply the change to executions that "
+            "start up to COORDINATION JOB_POLICY_REFRESH seconds later. Creating a policy needs "
+            "`add_jobpolicy` too."
+        ),
+        request=JobPolicyWrite,
+        responses={200: JobPolicySerializer, 201: JobPolicySerializer, **_errors(404, 413, 415)},
+    )
+    def put(self, request: Request, task: str) -> Response:
+        return self._write(request, task, partial=False)
+
+    @operation(
+        operation_id="job_policies_patch",
+        summary="Change some fields of a task's policy",
+        request=JobPolicyWrite,
+        responses={200: JobPolicySerializer, **_errors(404, 413, 415)},
+    )
+    def patch(self, request: Request, task: str) -> Response:
+        return self._write(request, task, partial=True)
+
+    @operation(operation_id="job_policies_destroy", responses={204: None, **_errors(404)})
+    def delete(self, request: Request, task: str) -> Response:
+        policy = self._policy(request, task, "revoke")
+        if policy is None:
+            raise Http404
+        policy.delete(changed_by=request.user.get_username(), via="api")
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    def _write(self, request: Request, task: str, *, partial: bool) -> Response:
+        body = _valid(JobPolicyWrite, request.data)
+        with transaction.atomic(using=app_settings.DATABASE):
+            policy = self._policy(request, task, "revoke")
+            created = policy is None
+            if policy is None:
+                if partial:
+                    raise Http404
+                if not request.user.has_perm("coordination.add_jobpolicy"):
+                    self.permission_denied(request, "Creating a policy needs 'coordination.add_jobpolicy'.")
+                policy = JobPolicy(task=_path_task(task))
+            elif not partial:
+                fresh = JobPolicy(task=policy.task)
+                for name, value in fresh.state().items():
+                    setattr(policy, name, value)
+            for name, value in body.items():
+                setattr(policy, name, value)
+            policy.save(changed_by=request.user.get_username(), via="api")
+        return Response(
+            JobPolicySerializer(policy).data,
+            status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
+        )

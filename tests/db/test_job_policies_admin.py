@@ -1,0 +1,242 @@
+"""Job policies in the admin, on the jobs page and over REST: who may see and steer
+which task (permissions and access rules, a policy being the key ``task:<name>``),
+what a change records, and what pausing with revocation ends."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.contrib.auth.models import Permission, User
+from django.test import Client
+from django.urls import reverse
+
+from coordination import jobs, locks
+from coordination.models import AccessRule, Grant, GrantEnd, JobPolicy, JobPolicyChange, JobTally
+from coordination.semaphores import acquire_permit
+from tests.support.api_support import client_for, make_user
+
+pytestmark = pytest.mark.django_db
+
+CHANGELIST = "admin:coordination_jobpolicy_changelist"
+JOBS = "admin:coordination_jobs"
+STEER = "admin:coordination_jobs_steer"
+POLICY_PERMISSIONS = ("view_jobpolicy", "add_jobpolicy", "change_jobpolicy", "delete_jobpolicy")
+
+
+@pytest.fixture(autouse=True)
+def fast_password_hashing(settings: Any) -> None:
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+def staff(*codenames: str, rules: tuple[str, ...] = ()) -> Client:
+    user = User.objects.create_user(f"staff-{len(codenames)}-{len(rules)}", is_staff=True)
+    user.user_permissions.set(
+        Permission.objects.filter(content_type__app_label="coordination", codename__in=codenames)
+    )
+    for pattern in rules:
+        AccessRule.objects.create(user=user, pattern=pattern, read=True, revoke=True)
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def saved(task: str, **fields: Any) -> JobPolicy:
+    policy = JobPolicy(task=task, **fields)
+    policy.save(changed_by="setup")
+    return policy
+
+
+def running_execution(task: str, key: str, *, cap: int = 2) -> tuple[Any, Any]:
+    """An execution of ``task`` as the decorator would hold it: its key and a permit."""
+    holder = f"{task}[id-1]#1 on worker-host:4242"
+    grant = locks.acquire(key, holder=holder, ttl=60)
+    permit = acquire_permit(jobs.permit_name(task), limit=cap, holder=holder, ttl=60)
+    return grant, permit
+
+
+# --- the admin ---------------------------------------------------------------------
+
+
+def test_a_policy_added_in_the_admin_records_who_and_shows_its_changes(admin_client: Client) -> None:
+    response = admin_client.post(reverse("admin:coordination_jobpolicy_add"), {
+        "task": "billing.settle", "paused": "on", "when_paused": "defer", "defer_seconds": "10",
+        "max_running": "2", "ttl": "", "on_busy": "", "note": "", "_save": "Save",
+    })
+    assert response.status_code == 302, response.content.decode()[:3000]
+    policy = JobPolicy.objects.get(task="billing.settle")
+    assert (policy.paused, policy.max_running) == (True, 2)
+
+    response = admin_client.post(reverse("admin:coordination_jobpolicy_change", args=[policy.pk]), {
+        "task": "billing.settle", "when_paused": "defer", "defer_seconds": "10",
+        "max_running": "3", "ttl": "12", "on_busy": "skip", "note": "", "_save": "Save",
+    })
+    assert response.status_code == 302
+
+    [change, created] = JobPolicyChange.objects.filter(task="billing.settle").order_by("-id")
+    assert (created.changed_by, created.via, created.summary) == ("admin", "admin", "created")
+    assert change.before["paused"] is True and change.after["paused"] is False
+    assert "max_running: 2 -> 3" in change.summary
+    page = admin_client.get(reverse("admin:coordination_jobpolicy_change", args=[policy.pk]))
+    text = page.content.decode()
+    assert 'id="policy-changes"' in text and "max_running: 2 -&gt; 3" in text
+
+
+def test_a_ttl_outside_the_settings_bounds_is_refused_by_the_form(admin_client: Client) -> None:
+    response = admin_client.post(reverse("admin:coordination_jobpolicy_add"), {
+        "task": "billing.settle", "when_paused": "defer", "defer_seconds": "10",
+        "max_running": "", "ttl": "0.001", "on_busy": "", "note": "", "_save": "Save",
+    })
+    assert response.status_code == 200 and "ttl must be from" in response.content.decode()
+    assert not JobPolicy.objects.exists()
+
+
+def test_pause_and_resume_actions_need_their_permission_even_on_a_forged_post() -> None:
+    policy = saved("billing.settle")
+    viewer = staff(*POLICY_PERMISSIONS)
+    forged = viewer.post(reverse(CHANGELIST), {
+        "action": "pause_selected", ACTION_CHECKBOX_NAME: [policy.pk],
+    })
+    assert forged.status_code == 403
+    assert not JobPolicy.objects.get(pk=policy.pk).paused
+
+    operator = staff(*POLICY_PERMISSIONS, "pause_jobpolicy")
+    done = operator.post(reverse(CHANGELIST), {"action": "pause_selected", ACTION_CHECKBOX_NAME: [policy.pk]})
+    assert done.status_code == 302 and JobPolicy.objects.get(pk=policy.pk).paused
+    operator.post(reverse(CHANGELIST), {"action": "resume_selected", ACTION_CHECKBOX_NAME: [policy.pk]})
+    assert not JobPolicy.objects.get(pk=policy.pk).paused
+    assert [c.summary for c in policy.changes.order_by("id")][1:] == [
+        "paused: False -> True", "paused: True -> False",
+    ]
+
+
+def test_pause_and_revoke_confirms_then_ends_the_running_leases(admin_client: Client) -> None:
+    policy = saved("billing.settle", max_running=2)
+    grant, permit = running_execution("billing.settle", "account:7")
+    other = locks.acquire("account:8", holder="someone else", ttl=60)
+    data = {"action": "pause_and_revoke_selected", ACTION_CHECKBOX_NAME: [policy.pk]}
+
+    confirm = admin_client.post(reverse(CHANGELIST), data)
+    assert confirm.status_code == 200 and "Pause and revoke" in confirm.content.decode()
+    assert jobs.running("billing.settle")  # the confirmation page itself revokes nothing
+
+    done = admin_client.post(reverse(CHANGELIST), {**data, "confirm": "yes"})
+    assert done.status_code == 302
+    assert JobPolicy.objects.get(pk=policy.pk).paused
+    ended = {row.lock.key: row.end_reason for row in Grant.objects.filter(holder=grant.holder)}
+    assert ended == {"account:7": GrantEnd.REVOKED, permit.key: GrantEnd.REVOKED}
+    assert jobs.running("billing.settle") == []
+    locks.renew(other)  # another task's lease is untouched
+
+
+def test_the_jobs_page_shows_each_task_its_executions_counts_and_policy(admin_client: Client) -> None:
+    saved("billing.settle", paused=True, max_running=2)
+    grant, _ = running_execution("reports.build", "report:eu")
+    jobs.tally("billing.settle", "deferred")
+    jobs.tally("billing.settle", "deferred")
+    jobs.tally("reports.build", "skipped")
+
+    text = admin_client.get(reverse(JOBS)).content.decode()
+
+    billing = text[text.index('data-task="billing.settle"'):]
+    billing = billing[: billing.index("</section>")]
+    assert 'data-paused="yes"' in billing and '<td data-metric="deferred">2</td>' in billing
+    assert 'value="resume"' in billing and "at most 2 at once" in billing
+    reports = text[text.index('data-task="reports.build"'):]
+    reports = reports[: reports.index("</section>")]
+    assert '<td data-metric="running">1</td>' in reports and '<td data-metric="skipped">1</td>' in reports
+    assert "report:eu" in reports and str(grant.token) in reports and "worker-host:4242" in reports
+    assert 'value="pause"' in reports
+
+
+def test_the_jobs_page_buttons_pause_and_resume_and_a_get_changes_nothing(admin_client: Client) -> None:
+    assert admin_client.get(reverse(STEER)).status_code == 302
+    admin_client.post(reverse(STEER), {"task": "reports.build", "how": "pause"})
+    assert JobPolicy.objects.get(task="reports.build").paused
+    admin_client.post(reverse(STEER), {"task": "reports.build", "how": "resume"})
+    assert not JobPolicy.objects.get(task="reports.build").paused
+    assert admin_client.post(reverse(STEER), {"task": "reports.build", "how": "drop"}).status_code == 403
+
+
+def test_pausing_one_task_of_a_pattern_keeps_the_patterns_cap(admin_client: Client) -> None:
+    saved("billing.*", max_running=3, ttl=20)
+    admin_client.post(reverse(STEER), {"task": "billing.settle", "how": "pause"})
+    own = JobPolicy.objects.get(task="billing.settle")
+    assert (own.paused, own.max_running, own.ttl) == (True, 3, 20)
+
+
+def test_access_rules_limit_the_policies_a_user_sees_and_steers() -> None:
+    mine, theirs = saved("tenant-a.sync"), saved("tenant-b.sync")
+    running_execution("tenant-b.sync", "tenant-b:1")
+    client = staff(*POLICY_PERMISSIONS, "pause_jobpolicy", "view_grant", rules=("task:tenant-a.*",))
+
+    listed = client.get(reverse(CHANGELIST)).content.decode()
+    assert "tenant-a.sync" in listed and "tenant-b" not in listed
+    assert client.get(reverse("admin:coordination_jobpolicy_change", args=[theirs.pk])).status_code == 302
+    assert "tenant-b" not in client.get(reverse(JOBS)).content.decode()
+    assert client.post(reverse(STEER), {"task": "tenant-b.sync", "how": "pause"}).status_code == 403
+    assert not JobPolicy.objects.get(pk=theirs.pk).paused
+    client.post(reverse(STEER), {"task": "tenant-a.sync", "how": "pause"})
+    assert JobPolicy.objects.get(pk=mine.pk).paused
+    added = client.post(reverse("admin:coordination_jobpolicy_add"), {
+        "task": "tenant-b.other", "when_paused": "defer", "defer_seconds": "10", "_save": "Save",
+    })
+    assert added.status_code == 403 and not JobPolicy.objects.filter(task="tenant-b.other").exists()
+
+
+# --- REST ------------------------------------------------------------------------
+
+
+def test_rest_puts_patches_reads_and_deletes_a_policy_and_records_the_user() -> None:
+    user = make_user(*POLICY_PERMISSIONS)
+    api = client_for(user)
+    url = "/api/job-policies/billing.settle"
+
+    created = api.put(url, {"paused": True, "max_running": 2}, format="json")
+    assert created.status_code == 201, created.json()
+    assert created.json()["paused"] is True and created.json()["max_running"] == 2
+    patched = api.patch(url, {"max_running": None, "ttl": 15}, format="json")
+    assert patched.status_code == 200 and patched.json()["max_running"] is None
+    assert patched.json()["paused"] is True  # a PATCH leaves the rest
+    replaced = api.put(url, {"note": "night only"}, format="json")
+    assert replaced.json()["paused"] is False and replaced.json()["ttl"] is None  # a PUT replaces
+    assert [p["task"] for p in api.get("/api/job-policies/").json()["results"]] == ["billing.settle"]
+    assert api.get(url).json()["note"] == "night only"
+    assert api.delete(url).status_code == 204
+    assert api.get(url).status_code == 404
+    vias = set(JobPolicyChange.objects.filter(task="billing.settle").values_list("changed_by", "via"))
+    assert vias == {(user.username, "api")}
+
+
+def test_rest_input_is_strict_and_permissions_and_rules_apply() -> None:
+    api = client_for(make_user(*POLICY_PERMISSIONS))
+    url = "/api/job-policies/billing.settle"
+    for body in ({"paused": "true"}, {"max_running": 0}, {"ttl": "5"}, {"when_paused": "later"},
+                 {"color": "red"}):
+        response = api.put(url, body, format="json")
+        assert response.status_code == 400, body
+    assert api.put("/api/job-policies/bad name", {}, format="json").status_code in (400, 404)
+    assert not JobPolicy.objects.exists()
+
+    reader = client_for(make_user("view_jobpolicy"))
+    assert reader.put(url, {"paused": True}, format="json").status_code == 403
+    no_add = client_for(make_user("view_jobpolicy", "change_jobpolicy"))
+    assert no_add.put(url, {"paused": True}, format="json").status_code == 403
+
+    saved("tenant-b.sync")
+    limited_user = make_user(*POLICY_PERMISSIONS)
+    AccessRule.objects.create(user=limited_user, pattern="task:tenant-a.*", read=True, revoke=True)
+    limited = client_for(limited_user)
+    assert limited.get("/api/job-policies/").json()["results"] == []
+    refused = limited.patch("/api/job-policies/tenant-b.sync", {"paused": True}, format="json")
+    assert refused.status_code == 403 and refused.json()["code"] == "key_forbidden"
+    assert limited.put("/api/job-policies/tenant-a.sync", {}, format="json").status_code == 201
+
+
+def test_deferred_and_skipped_counts_add_up_per_task() -> None:
+    for _ in range(3):
+        jobs.tally("a.task", "deferred")
+    jobs.tally("a.task", "skipped")
+    counts = dict(JobTally.objects.filter(task="a.task").values_list("outcome", "count"))
+    assert counts == {"deferred": 3, "skipped": 1}
