@@ -29,6 +29,11 @@ Celery configuration. Run it on as many machines as you like:
   (:func:`current_slot` in the task), so a task body can make its effect
   idempotent per slot: :func:`once_per_slot`.
 
+The schedule is ``beat_schedule``. For django-celery-beat's periodic tasks,
+edited in its admin, run :class:`FencedDatabaseScheduler`
+(``-S coordination.contrib.beat.FencedDatabaseScheduler``, the ``beat``
+extra): the same mechanism on the ``PeriodicTask`` rows.
+
 At most once, not exactly once: a leader that dies after claiming a slot and
 before the broker accepted the message leaves the slot *lost*: claimed, never
 marked sent (``BeatSlot.objects.lost()``, the admin's "lost" filter). It is
@@ -177,6 +182,11 @@ class FencedScheduler(Scheduler):
     Reads the schedule from ``beat_schedule`` (as Celery's default scheduler
     does) and keeps its state in the database, not in a shelve file. Settings
     (``COORDINATION``): ``BEAT_ROLE``, ``BEAT_LEASE``, ``BEAT_LOCK_DELAY``.
+
+    A subclass that reads its schedule elsewhere (``FencedDatabaseScheduler``)
+    keeps all of this; it may change the schedule between passes (an entry whose
+    schedule changed is placed again after its last claimed slot) and refine
+    ``_may_fire`` and ``_sent``.
     """
 
     #: Seconds between a standby's campaigns at most, whatever the leader's lease says.
