@@ -1,10 +1,12 @@
 # shellcheck shell=bash
 # Shared helpers for the scripts in bin/ and .ci/run. Source it, don't run it.
 #
-#   ensure_venv DIR PYTHON REQFILE   create DIR with PYTHON ("3.11", or "3.12+" for
-#                                    3.12 or newer) and pip-install REQFILE; skipped
-#                                    when DIR's stamp names REQFILE, or a file that
-#                                    includes it (-r), unchanged since it was installed.
+#   ensure_venv DIR PYTHON REQFILE [NODEPS]
+#                                    create DIR with PYTHON ("3.11", or "3.12+" for
+#                                    3.12 or newer) and pip-install REQFILE, then NODEPS
+#                                    (if given) with --no-deps; skipped when DIR's stamp
+#                                    names REQFILE, or a file that includes it (-r),
+#                                    unchanged since it was installed.
 #   ensure_debian_packages PKG...    install the missing ones with apt-get (as root, or
 #                                    with sudo that needs no password); otherwise say
 #                                    which apt-get command to run, and exit.
@@ -209,26 +211,42 @@ _req_closure() {
     done <"$file"
 }
 
-# _req_digest PYTHON REQFILE: sha256 over the interpreter version and the
-# names and contents of the requirement files.
+# _req_digest PYTHON REQFILE [NODEPS]: sha256 over the interpreter version and
+# the names and contents of the requirement files (NODEPS's too, marked apart).
 _req_digest() {
-    local python=$1 req=$2 f
+    local python=$1 req=$2 nodeps=${3:-} f
     {
         "$python" -c 'import sys; print(sys.version)'
         while IFS= read -r f; do
             printf '== %s\n' "$f"
             cat "$f"
         done < <(_req_closure "$req" | sort -u)
+        if [[ -n $nodeps ]]; then
+            while IFS= read -r f; do
+                printf '== --no-deps %s\n' "$f"
+                cat "$f"
+            done < <(_req_closure "$nodeps" | sort -u)
+        fi
     } | sha256sum | cut -d' ' -f1
 }
 
-# _stamp_accepts STAMP REQ PYTHON: the venv's stamp names a requirements file
-# (REQ itself, or one that pulls REQ in with -r) whose files are unchanged since
-# it was installed. A stamp of only a digest (older scripts) names REQ.
+# _stamp_accepts STAMP REQ PYTHON [NODEPS]: the venv's stamp names a requirements
+# file (REQ itself, or one that pulls REQ in with -r) whose files, and those of
+# the --no-deps file installed after it, are unchanged since they were installed.
+# A stamp of only a digest (older scripts) names REQ. A caller that asks for a
+# NODEPS file accepts only a stamp that names the same one.
 _stamp_accepts() {
-    local stamp=$1 req=$2 python=$3 digest installed
+    local stamp=$1 req=$2 python=$3 want_nodeps=${4:-} digest installed nodeps=""
     [[ -f $stamp ]] || return 1
-    { read -r digest && read -r installed; } <"$stamp" || true
+    { read -r digest && read -r installed && read -r nodeps; } <"$stamp" || true
+    if [[ -n $want_nodeps ]]; then
+        [[ $nodeps == /* ]] || nodeps="$REPO_ROOT/$nodeps"
+        [[ $nodeps == "$want_nodeps" ]] || return 1
+    fi
+    if [[ -n $nodeps ]]; then
+        [[ $nodeps == /* ]] || nodeps="$REPO_ROOT/$nodeps"
+        [[ -f $nodeps ]] || return 1
+    fi
     [[ -n $digest ]] || return 1
     if [[ -z ${installed:-} ]]; then
         installed=$req
@@ -240,15 +258,19 @@ _stamp_accepts() {
         closure=$(_req_closure "$installed")
         grep -qxF "$req" <<<"$closure" || return 1
     fi
-    [[ "$(_req_digest "$python" "$installed")" == "$digest" ]]
+    [[ "$(_req_digest "$python" "$installed" "$nodeps")" == "$digest" ]]
 }
 
-# ensure_venv DIR PYTHON REQFILE
+# ensure_venv DIR PYTHON REQFILE [NODEPS]
+# NODEPS is for a package whose declared requirements exclude a version the
+# project pins and runs it with (django-celery-beat and Django 6.1: see
+# requirements/beat.txt): REQFILE pins its dependencies, NODEPS the package.
 ensure_venv() {
-    local dir=$1 spec=$2 req=$3
+    local dir=$1 spec=$2 req=$3 nodeps=${4:-}
     local abs_dir stamp python venv_py digest lockfd
     [[ $dir == /* ]] && abs_dir=$dir || abs_dir="$REPO_ROOT/$dir"
     [[ $req == /* ]] || req="$REPO_ROOT/$req"
+    [[ -z $nodeps || $nodeps == /* ]] || nodeps="$REPO_ROOT/$nodeps"
     stamp="$abs_dir/.requirements.sha256"
     venv_py="$abs_dir/bin/python"
 
@@ -285,20 +307,24 @@ ensure_venv() {
 
     # bin/test's venv (requirements/test.txt) includes bin/run's (run.txt): either
     # script accepts a venv the other made, as long as nothing changed since.
-    if _stamp_accepts "$stamp" "$req" "$venv_py"; then
+    if _stamp_accepts "$stamp" "$req" "$venv_py" "$nodeps"; then
         flock -u "$lockfd"
         exec {lockfd}>&-
         return 0
     fi
 
-    digest=$(_req_digest "$venv_py" "$req")
-    info "$dir: installing ${req#"$REPO_ROOT"/}"
+    digest=$(_req_digest "$venv_py" "$req" "$nodeps")
+    info "$dir: installing ${req#"$REPO_ROOT"/}${nodeps:+, then ${nodeps#"$REPO_ROOT"/} with --no-deps}"
     rm -f "$stamp"
     if ! "$venv_py" -m pip install --disable-pip-version-check --no-input --progress-bar off \
         -q -r "$req"; then
         die "$dir: pip install -r ${req#"$REPO_ROOT"/} failed"
     fi
-    printf '%s\n%s\n' "$digest" "${req#"$REPO_ROOT"/}" >"$stamp"
+    if [[ -n $nodeps ]] && ! "$venv_py" -m pip install --disable-pip-version-check --no-input \
+        --progress-bar off -q --no-deps -r "$nodeps"; then
+        die "$dir: pip install --no-deps -r ${nodeps#"$REPO_ROOT"/} failed"
+    fi
+    printf '%s\n%s\n%s\n' "$digest" "${req#"$REPO_ROOT"/}" "${nodeps#"$REPO_ROOT"/}" >"$stamp"
     flock -u "$lockfd"
     exec {lockfd}>&-
 }

@@ -24,6 +24,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,10 @@ INSTALLED_APPS = [
     "project.demo",  # the demo domain: Account, the deposit task
     "project.lab",  # coordination_demo, coordination_chaos, coordination_bench
 ]
+if importlib.util.find_spec("django_celery_beat") is not None:
+    # Optional (requirements/beat.txt): the admin's periodic tasks, sent by
+    # coordination.contrib.beat.FencedDatabaseScheduler (coordination_chaos --beat).
+    INSTALLED_APPS.append("django_celery_beat")
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",

@@ -29,6 +29,11 @@ Celery configuration. Run it on as many machines as you like:
   (:func:`current_slot` in the task), so a task body can make its effect
   idempotent per slot: :func:`once_per_slot`.
 
+The schedule is ``beat_schedule``. For django-celery-beat's periodic tasks,
+edited in its admin, run :class:`FencedDatabaseScheduler`
+(``-S coordination.contrib.beat.FencedDatabaseScheduler``, the ``beat``
+extra): the same mechanism on the ``PeriodicTask`` rows.
+
 At most once, not exactly once: a leader that dies after claiming a slot and
 before the broker accepted the message leaves the slot *lost*: claimed, never
 marked sent (``BeatSlot.objects.lost()``, the admin's "lost" filter). It is
@@ -177,6 +182,11 @@ class FencedScheduler(Scheduler):
     Reads the schedule from ``beat_schedule`` (as Celery's default scheduler
     does) and keeps its state in the database, not in a shelve file. Settings
     (``COORDINATION``): ``BEAT_ROLE``, ``BEAT_LEASE``, ``BEAT_LOCK_DELAY``.
+
+    A subclass that reads its schedule elsewhere (``FencedDatabaseScheduler``)
+    keeps all of this; it may change the schedule between passes (an entry whose
+    schedule changed is placed again after its last claimed slot) and refine
+    ``_may_fire`` and ``_sent``.
     """
 
     #: Seconds between a standby's campaigns at most, whatever the leader's lease says.
@@ -190,6 +200,8 @@ class FencedScheduler(Scheduler):
         self.candidate = f"beat {socket.gethostname()}:{os.getpid()}"[:HOLDER_MAX_LENGTH]
         self.leadership: election.Leadership | None = None
         self._due: dict[str, dt.datetime] = {}
+        #: The schedule each entry's due time was computed with.
+        self._planned: dict[str, Any] = {}
         #: Slots this process claimed and sent, claimed and could not send, and
         #: found already claimed: for logs and tests.
         self.sent = self.unsent = self.already_claimed = 0
@@ -233,31 +245,55 @@ class FencedScheduler(Scheduler):
     def _resume_grid(self) -> None:
         """Start every entry from the last slot claimed in the database: the
         grid every leader shares. An entry never claimed starts from now."""
+        self._due, self._planned = {}, {}
+        self._plan(self.schedule)
+
+    def _plan(self, entries: dict[str, Any]) -> None:
+        """Place ``entries`` on the grid: each one's next due time after the last
+        slot claimed for it, by any term (from now if it was never claimed)."""
+        if not entries:
+            return
         alias = app_settings.DATABASE
         last = dict(
-            BeatSlot.objects.using(alias).filter(role=self.role)
+            BeatSlot.objects.using(alias).filter(role=self.role, entry__in=list(entries))
             .values_list("entry").annotate(last=Max("due_at"))
         )
         now = dt.datetime.now(dt.UTC)
-        self._due = {}
-        for name, entry in self.schedule.items():
+        for name, entry in entries.items():
             self._due[name] = next_due(entry.schedule, last.get(name) or now, now)
+            self._planned[name] = entry.schedule
 
     def _send_due(self) -> float:
         leadership = self.leadership
         assert leadership is not None
+        schedule = dict(self.schedule)
+        # An entry that is new, or whose schedule changed since it was placed (a
+        # schedule read from the database is edited at run time), is placed again
+        # from the claimed slots, so the next slot follows the new schedule.
+        self._plan({name: entry for name, entry in schedule.items()
+                    if name not in self._due or self._planned.get(name) != entry.schedule})
+        for gone in self._due.keys() - schedule.keys():
+            del self._due[gone], self._planned[gone]
         now = dt.datetime.now(dt.UTC)
         pause = min(self._longest_sleep(), self.lease / 3)
-        for name, entry in list(self.schedule.items()):
-            due = self._due.get(name)
-            if due is None:  # an entry added since the grid was read
-                due = self._due[name] = next_due(entry.schedule, now, now)
+        for name, entry in schedule.items():
+            due = self._due[name]
             if due <= now:
                 due = latest_due(entry.schedule, due, now)
-                self._fire(leadership, entry, due)
+                if self._may_fire(entry, due, now):
+                    self._fire(leadership, entry, due)
                 self._due[name] = next_due(entry.schedule, due, now)
             pause = min(pause, (self._due[name] - now).total_seconds())
         return max(pause, 0.0)
+
+    def _may_fire(self, entry: ScheduleEntry, due: dt.datetime, now: dt.datetime) -> bool:
+        """Whether ``entry``'s slot at ``due`` is to be claimed at all; a slot
+        refused here is skipped, not postponed. Every slot of a ``beat_schedule``
+        entry is."""
+        return True
+
+    def _sent(self, entry: ScheduleEntry, slot: BeatSlot) -> None:
+        """Called after the broker accepted ``slot``'s message and it was marked sent."""
 
     def _fire(self, leadership: election.Leadership, entry: ScheduleEntry, due: dt.datetime) -> None:
         name, task = str(entry.name), str(entry.task)
@@ -280,6 +316,7 @@ class FencedScheduler(Scheduler):
         task_id = str(getattr(result, "id", "") or "")
         mark_sent(slot, task_id)
         logger.info("beat: sent slot %s term %d task %s", slot.identity, leadership.term, task_id)
+        self._sent(entry, slot)
 
     def _send(self, entry: ScheduleEntry, slot: BeatSlot) -> Any:
         options = dict(entry.options or {})
@@ -340,3 +377,14 @@ def _utc(moment: dt.datetime) -> dt.datetime:
 def _run_every(schedule: Any) -> dt.timedelta:
     every: dt.timedelta = schedule.run_every  # not in celery-types' stub of schedule
     return every
+
+
+def __getattr__(name: str) -> Any:
+    # FencedDatabaseScheduler needs django-celery-beat installed and its app in
+    # INSTALLED_APPS; importing it here only when asked for keeps this module
+    # (FencedScheduler, once_per_slot) free of that optional dependency.
+    if name == "FencedDatabaseScheduler":
+        from .beat_database import FencedDatabaseScheduler
+
+        return FencedDatabaseScheduler
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

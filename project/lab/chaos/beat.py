@@ -21,6 +21,11 @@ same number of beats, each with its own schedule file: every beat sends every
 entry, and the report counts the duplicate executions. Both runs are judged by
 the same :func:`executed_more_than_once` (a stock message names no slot: its
 slot is the interval it ran in).
+
+With ``database=True`` the schedule is a django-celery-beat ``PeriodicTask`` row
+(one per run, removed at the end) and the beats run
+``coordination.contrib.beat.FencedDatabaseScheduler``; the negative control
+runs django-celery-beat's own ``DatabaseScheduler`` on every beat.
 """
 
 from __future__ import annotations
@@ -50,6 +55,8 @@ __all__ = [
 
 FENCED_SCHEDULER = "coordination.contrib.beat.FencedScheduler"
 STOCK_SCHEDULER = "celery.beat:PersistentScheduler"
+FENCED_DATABASE_SCHEDULER = "coordination.contrib.beat.FencedDatabaseScheduler"
+STOCK_DATABASE_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 
 
 class Output(Protocol):
@@ -74,6 +81,12 @@ class BeatChaosConfig:
     min_faults: int = 1
     # Seconds a leader leads (sends slots) between faults, at least.
     lead_between_faults: float = 3.0
+    # The schedule in a django-celery-beat PeriodicTask row (FencedDatabaseScheduler;
+    # the negative control: its stock DatabaseScheduler) instead of beat_schedule.
+    # The interval is then whole seconds (an IntervalSchedule's unit).
+    database: bool = False
+    # The faults a run chooses from, in turns first, then at random.
+    faults: tuple[str, ...] = ("pause", "kill")
 
 
 @dataclass
@@ -89,13 +102,15 @@ class BeatReport:
         f = self.figures
         if not f.get("fenced", True):
             return (
-                f"beat negative control (stock scheduler, {f.get('beats')} beats, "
+                f"beat negative control ({f.get('scheduler')}, {f.get('beats')} beats, "
                 f"{f.get('seconds_run', 0):.0f} s): {f.get('executions')} executions for about "
-                f"{f.get('intervals')} intervals: {f.get('duplicates')} duplicates\n"
+                f"{f.get('intervals')} intervals: {f.get('duplicates')} duplicates, "
+                f"{f.get('runs_per_period')} runs per period\n"
             )
         lines = [
-            f"beat chaos: {f.get('seconds_run', 0):.0f} s, {f.get('beats')} beats, lease {f.get('lease')} s, "
-            f"every {f.get('interval')} s",
+            f"beat chaos ({f.get('scheduler')}): {f.get('seconds_run', 0):.0f} s, {f.get('beats')} beats, "
+            f"lease {f.get('lease')} s, every {f.get('interval')} s, {f.get('executions')} executions, "
+            f"{f.get('runs_per_period')} runs per period",
             f"  slots claimed {f.get('slots_claimed')}, sent {f.get('slots_sent')}, executed "
             f"{f.get('slots_executed')}, executed twice {f.get('slots_executed_twice')}, "
             f"lost {f.get('slots_lost')} (accounted for {f.get('lost_accounted')})",
@@ -141,6 +156,7 @@ class BeatChaos:
         self.prefix = f"coordination-beat-{self.tag}:"
         self.executions = self.workdir / "executions.jsonl"
         self.beats: list[BeatProcess] = []
+        self.periodic_task = f"chaos-tick-{self.tag}"  # the PeriodicTask row of a database run
         self.worker: BeatProcess | None = None
         self.spawned = 0
         self.dead: set[int] = set()  # pids of beats killed or stopped: their lost slots are accounted for
@@ -158,6 +174,8 @@ class BeatChaos:
     def _run(self) -> BeatReport:
         config = self.config
         self._say(f"beat chaos: seed {self.seed}, role {self.role}, workdir {self.workdir}")
+        if config.database:
+            self._create_periodic_task()
         self.worker = self._start("worker", [
             "worker", "-P", "solo", "-Q", self.queue, "-n", f"beat-chaos-{self.tag}@%h",
             "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "INFO",
@@ -169,7 +187,7 @@ class BeatChaos:
         if not config.fenced:
             return self._negative_control()
         self._wait(lambda: self._leader() is not None, 120, "a first leader")
-        kinds = ["pause", "kill"]
+        kinds = list(config.faults)
         done: Counter[str] = Counter()
         turn = 0
         while True:
@@ -181,7 +199,7 @@ class BeatChaos:
             # Anywhere in the interval: a fault right after a send (when the wait
             # above returns) would never land between a claim and its publication.
             time.sleep(self.rng.uniform(0, config.interval))
-            kind = kinds[turn % 2] if turn < 2 else self.rng.choice(kinds)
+            kind = kinds[turn % len(kinds)] if turn < len(kinds) else self.rng.choice(kinds)
             turn += 1
             self._fault(kind)
             done[kind] += 1
@@ -213,6 +231,7 @@ class BeatChaos:
             "COORDINATION_BEAT_LOCK_DELAY": str(self.config.lock_delay),
             "COORDINATION_BEAT_EXECUTIONS": str(self.executions),
             "COORDINATION_BEAT_PUBLISH_DELAY": str(self.config.publish_delay),
+            "COORDINATION_BEAT_SCHEDULE_FROM": "database" if self.config.database else "settings",
             "COORDINATION_LOG_LEVEL": "INFO",
         }
 
@@ -229,12 +248,44 @@ class BeatChaos:
     def _start_beat(self) -> BeatProcess:
         self.spawned += 1
         name = f"beat{self.spawned}"
-        scheduler = FENCED_SCHEDULER if self.config.fenced else STOCK_SCHEDULER
+        scheduler = self.scheduler
         arguments = ["beat", "-S", scheduler, "-l", "INFO", "--pidfile", str(self.workdir / f"{name}.pid"),
                      "-s", str(self.workdir / f"{name}-schedule")]
         beat = self._start(name, arguments)
         self.beats.append(beat)
         return beat
+
+    @property
+    def scheduler(self) -> str:
+        if self.config.database:
+            return FENCED_DATABASE_SCHEDULER if self.config.fenced else STOCK_DATABASE_SCHEDULER
+        return FENCED_SCHEDULER if self.config.fenced else STOCK_SCHEDULER
+
+    def _create_periodic_task(self) -> None:
+        """The run's schedule as a django-celery-beat row, as the admin would add it.
+
+        Every enabled row is sent by the beats, so a database that holds
+        others is refused: the run would send the site's own periodic tasks.
+        """
+        from django_celery_beat.models import IntervalSchedule, PeriodicTask
+
+        every = self.config.interval
+        if every < 1 or every != int(every):
+            raise ValueError(f"a PeriodicTask's interval is whole seconds, not {every:g}")
+        others = list(PeriodicTask.objects.filter(enabled=True).values_list("name", flat=True)[:5])
+        if others:
+            raise ValueError(f"the database has enabled periodic tasks ({', '.join(others)}) "
+                             "that the run's beats would send; use a database without them")
+        interval, _ = IntervalSchedule.objects.get_or_create(every=int(every),
+                                                             period=IntervalSchedule.SECONDS)
+        PeriodicTask.objects.create(name=self.periodic_task, task="coordination_chaos.beat_tick",
+                                    interval=interval, queue=self.queue)
+
+    def _delete_periodic_task(self) -> None:
+        if self.config.database:
+            from django_celery_beat.models import PeriodicTask
+
+            PeriodicTask.objects.filter(name=self.periodic_task).delete()
 
     # --- faults ------------------------------------------------------------------------
 
@@ -375,7 +426,8 @@ class BeatChaos:
                 assert started is not None
                 times.append((first - started).total_seconds())
         figures: dict[str, Any] = {
-            "fenced": True, "seed": self.seed, "beats": self.config.beats, "lease": self.config.lease,
+            "fenced": True, "scheduler": self.scheduler, "runs_per_period": self._runs_per_period(executions),
+            "seed": self.seed, "beats": self.config.beats, "lease": self.config.lease,
             "lock_delay": self.config.lock_delay, "interval": self.config.interval,
             "publish_delay": self.config.publish_delay,
             "seconds_run": round(seconds_run, 1), "slots_claimed": len(slots), "slots_sent": len(sent),
@@ -404,7 +456,9 @@ class BeatChaos:
         more_than_once = executed_more_than_once(executions, self.config.interval)
         duplicates = sum(count - 1 for count in more_than_once.values())
         figures = {
-            "fenced": False, "seed": self.seed, "beats": self.config.beats, "interval": self.config.interval,
+            "fenced": False, "scheduler": self.scheduler,
+            "runs_per_period": self._runs_per_period(executions),
+            "seed": self.seed, "beats": self.config.beats, "interval": self.config.interval,
             "seconds_run": round(seconds_run, 1), "executions": len(executions),
             "intervals": len(slots), "duplicates": duplicates,
         }
@@ -412,6 +466,15 @@ class BeatChaos:
         if duplicates:
             violations.append(f"{duplicates} executions beyond one per interval (stock scheduler)")
         return BeatReport(passed=not violations, violations=violations, figures=figures)
+
+    def _runs_per_period(self, executions: list[dict[str, Any]]) -> float | None:
+        """Executions per schedule period, from the first to the last execution
+        (worker clock): about 1 when each period runs once, 2 when two beats send."""
+        if len(executions) < 2:
+            return None
+        times = sorted(float(e["at"]) for e in executions)
+        periods = (times[-1] - times[0]) / self.config.interval + 1
+        return round(len(executions) / periods, 2)
 
     # --- helpers ------------------------------------------------------------------------
 
@@ -474,6 +537,8 @@ class BeatChaos:
             with contextlib.suppress(Exception):
                 process.process.wait(10)
         self._clean_broker()
+        with contextlib.suppress(Exception):  # the database may be what failed
+            self._delete_periodic_task()
         keep = os.environ.get("COORDINATION_BEAT_CHAOS_KEEP")
         if not keep:
             import shutil

@@ -27,6 +27,11 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"queue": os.environ["COORDINATION_BEAT_QUEUE"]},
     }
 }
+if os.environ.get("COORDINATION_BEAT_SCHEDULE_FROM") == "database":
+    # The schedule is the run's PeriodicTask row; no beat_schedule entry and no
+    # celery.backend_cleanup row (written by the database schedulers at start).
+    CELERY_BEAT_SCHEDULE = {}
+    CELERY_RESULT_EXPIRES = None
 CELERY_IMPORTS = ["project.lab.chaos.beat_tasks"]
 COORDINATION = {
     **globals().get("COORDINATION", {}),

@@ -7,9 +7,11 @@ then checked (see :mod:`project.lab.chaos.checker`); the exit status is 1 on
 any violation, or when no stale write was attempted (the faults did not bite).
 
 ``--beat`` runs the beat chaos instead (:mod:`project.lab.chaos.beat`): several
-``celery beat -S coordination.contrib.beat.FencedScheduler`` processes and a
-worker, the leader paused past its lease and killed; with ``--no-fencing``, the
-negative control (Celery's stock scheduler on every beat, which shows the
+``celery beat -S coordination.contrib.beat.FencedScheduler`` processes (with
+``--beat-database``, ``FencedDatabaseScheduler`` on a django-celery-beat
+``PeriodicTask``) and a worker, the leader paused past its lease and killed;
+with ``--no-fencing``, the negative control (Celery's stock scheduler, or
+django-celery-beat's ``DatabaseScheduler``, on every beat, which shows the
 duplicates). Same ``--json`` report and exit statuses.
 
 ``--patroni`` runs the workload against the Patroni + etcd cluster of
@@ -112,6 +114,12 @@ class Command(BaseCommand):
             help="run beats with FencedScheduler and a worker, pause and kill the leader, check "
                  "that no slot ran twice (with --no-fencing: the stock scheduler's duplicates)",
         )
+        beat.add_argument(
+            "--beat-database", action="store_true",
+            help="the schedule in a django-celery-beat PeriodicTask row, sent by FencedDatabaseScheduler "
+                 "(with --no-fencing: django-celery-beat's DatabaseScheduler); needs django-celery-beat "
+                 "and whole-second --beat-interval",
+        )
         beat.add_argument("--beats", type=int, default=2, help="beat processes (default 2)")
         beat.add_argument("--beat-interval", type=float, default=1.0,
                           help="seconds between the schedule's slots (default 1)")
@@ -187,17 +195,26 @@ class Command(BaseCommand):
     def _beat(self, options: dict[str, Any]) -> None:
         if options["beats"] < 2 or options["seconds"] <= 0 or options["beat_lease"] <= 0:
             raise CommandError("need --beats >= 2, --seconds > 0 and --beat-lease > 0")
+        if options["beat_database"]:
+            if not apps.is_installed("django_celery_beat"):
+                raise CommandError("--beat-database needs django-celery-beat installed and in "
+                                   "INSTALLED_APPS (docs/beat.md)")
+            every = options["beat_interval"]
+            if every < 1 or every != int(every):
+                raise CommandError("--beat-database: --beat-interval is whole seconds "
+                                   "(a PeriodicTask's unit)")
         config = BeatChaosConfig(
             seconds=options["seconds"], beats=options["beats"], interval=options["beat_interval"],
             lease=options["beat_lease"], lock_delay=options["beat_lock_delay"],
             publish_delay=options["beat_publish_delay"],
             fenced=options["fencing"], seed=options["seed"], celery_app=options["celery_app"],
+            database=options["beat_database"],
         )
         try:
             report = BeatChaos(config, out=self.stdout).run()
         except KeyboardInterrupt:
             raise CommandError("interrupted; the beats and the worker were stopped") from None
-        except AssertionError as error:
+        except (AssertionError, ValueError) as error:
             raise CommandError(f"the beat chaos run could not be carried out: {error}") from None
         self.stdout.write(report.summary())
         if options["json_path"]:
