@@ -199,6 +199,11 @@ class StaleToken(CoordinationError):
 
 
 
+# The step a row deleted and created again starts at (the largest BIGINT, as
+# coordination.watermarks.HIGHEST_STEP): no step of its old token is above it.
+RETIRED_STEP = 2**63 - 1
+
+
 class DuplicateWrite(CoordinationError):
     """The same token already wrote this step (or a later one) to the resource."""
 
@@ -211,13 +216,19 @@ class DuplicateWrite(CoordinationError):
         self.token = token
         self.step = step
         self.current_step = current_step
-        super().__init__(
-            f"token {token} step {step} is a duplicate for {resource}: step {current_step} "
-            "of this token is already stored; use an idempotency key to return its result",
-            current_token=token,
-            current_step=current_step,
-        )
-
+        if current_step == RETIRED_STEP:
+            # A row deleted and created again starts at its old watermark with the
+            # last step taken: every write of that token is retired.
+            said = (
+                f"token {token} wrote {resource} before the row was deleted and created "
+                "again; the new row keeps that watermark, so only a newer token may write it"
+            )
+        else:
+            said = (
+                f"token {token} step {step} is a duplicate for {resource}: step {current_step} "
+                "of this token is already stored; use an idempotency key to return its result"
+            )
+        super().__init__(said, current_token=token, current_step=current_step)
 
 
 class UnfencedWrite(CoordinationError):

@@ -64,6 +64,8 @@ from typing import Any
 from django.db import connections, models, router, transaction
 from django.db.backends.utils import truncate_name
 
+from coordination.exceptions import RETIRED_STEP
+
 __all__ = [
     "HIGHEST_STEP",
     "KEPT",
@@ -92,7 +94,7 @@ RESTORED = "coordination_watermark_restored"
 
 TOMBSTONES = "coordination_tombstone"
 # A restored row's step: every write of the deleted row's token is refused.
-HIGHEST_STEP = 2**63 - 1
+HIGHEST_STEP = RETIRED_STEP
 
 # --- PostgreSQL -----------------------------------------------------------------
 #

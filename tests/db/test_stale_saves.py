@@ -343,8 +343,9 @@ def test_a_row_deleted_and_created_again_refuses_the_old_tokens() -> None:
     assert again.carried_watermark() == (last.token, HIGHEST)
     with pytest.raises(StaleToken):
         Account.objects.filter(pk=pk).fenced_update(older, balance=Decimal("-1"))
-    with pytest.raises(DuplicateWrite):  # every step of the deleted row's token
+    with pytest.raises(DuplicateWrite) as refused:  # every step of the deleted row's token
         Account.objects.filter(pk=pk).fenced_update(last, step=2, balance=Decimal("-1"))
+    assert "deleted and created again" in str(refused.value)  # not "use an idempotency key"
     assert stored(again)[3] == Decimal("0.00")
 
     again.owner = "saved after the insert"
