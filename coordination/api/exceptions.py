@@ -16,20 +16,31 @@ A body over Django's own limits (``DATA_UPLOAD_MAX_MEMORY_SIZE``,
 form body is read (the CSRF check of a session request reads it), is
 ``413 request_too_large`` like a JSON body over ``API_MAX_BODY_BYTES``, never
 Django's HTML 400 page.
+
+An error that is not a refusal (a bug, a database gone away) is ``500
+server_error`` in the same shape, logged with its traceback on
+``django.request`` and announced by ``got_request_exception`` as Django does
+for its own 500 page (error reporters hook in there); the request's
+transaction, if any, is rolled back. With ``DEBUG`` on, Django's debug
+answer is kept.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
+from django.core.signals import got_request_exception
 from django.http import Http404
 from rest_framework import exceptions
 from rest_framework.response import Response
 from rest_framework.settings import api_settings
+from rest_framework.views import set_rollback
 
 from ..exceptions import CoordinationError, InvalidInput, LockHeld
 from .parsers import RequestTooLarge
@@ -67,7 +78,8 @@ CODES: list[tuple[type[exceptions.APIException], str]] = [
 def exception_handler(exc: Exception, context: Mapping[str, Any]) -> Response | None:
     """DRF ``EXCEPTION_HANDLER``: every refusal as ``{"code", "detail", ...}``.
 
-    Returns None (a server error) only for exceptions that are not refusals.
+    An exception that is not a refusal is a ``500 server_error`` (see the
+    module's docstring); with ``DEBUG`` on it returns None, so Django answers.
     """
     if isinstance(exc, CoordinationError):
         return _coordination_response(exc)
@@ -78,7 +90,7 @@ def exception_handler(exc: Exception, context: Mapping[str, Any]) -> Response | 
     elif isinstance(exc, DjangoPermissionDenied):
         exc = exceptions.PermissionDenied()
     if not isinstance(exc, exceptions.APIException):
-        return None
+        return _server_error(exc, context)
     headers: dict[str, str] = {}
     auth_header = getattr(exc, "auth_header", None)
     if auth_header:
@@ -89,6 +101,29 @@ def exception_handler(exc: Exception, context: Mapping[str, Any]) -> Response | 
         headers["Retry-After"] = str(math.ceil(wait))
         body["retry_after"] = math.ceil(wait)
     return Response(body, status=exc.status_code, headers=headers)
+
+
+def _server_error(exc: Exception, context: Mapping[str, Any]) -> Response | None:
+    if settings.DEBUG:
+        return None
+    request = context.get("request")
+    django_request = getattr(request, "_request", request)
+    set_rollback()
+    # What Django's handler does before its own 500 page: error reporters listen
+    # to the signal, and the log record carries the traceback. The response is
+    # marked logged so Django does not log it a second time without one.
+    got_request_exception.send(sender=None, request=django_request)
+    path = getattr(django_request, "path", "?")
+    logging.getLogger("django.request").error(
+        "Internal Server Error: %s", path, exc_info=(type(exc), exc, exc.__traceback__),
+        extra={"status_code": 500, "request": django_request},
+    )
+    response = Response(
+        {"code": "server_error", "detail": "The server failed to answer; the error is in its logs."},
+        status=500,
+    )
+    response._has_been_logged = True  # type: ignore[attr-defined]
+    return response
 
 
 def error_body(exc: exceptions.APIException) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from django.urls import URLPattern
 from rest_framework.test import APIClient
 
 from coordination.api import urls as api_urls
+from coordination.api import views as api_views
 from coordination.models import Lock
 from tests.support.api_support import full_client, post
 
@@ -144,3 +145,42 @@ def test_the_sweep_covers_every_collection_and_the_schema() -> None:
     routes = api_routes()
     assert {"/api/locks/", "/api/fences/", "/api/rejections/", "/api/schema/"} <= set(routes)
     assert "/api/locks/key-1/acquire" in routes
+
+
+# --- an error that is not a refusal ---------------------------------------------------
+
+
+def break_the_lock_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    def fails(self: Any) -> Any:
+        raise RuntimeError("a bug in the view")
+
+    monkeypatch.setattr(api_views.LockListView, "get_queryset", fails)
+
+
+def test_an_unexpected_error_is_a_json_500_with_its_traceback_logged(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, settings: Any
+) -> None:
+    settings.DEBUG = False
+    break_the_lock_list(monkeypatch)
+    client = full_client()
+    client.raise_request_exception = False
+    with caplog.at_level("ERROR", logger="django.request"):
+        response = client.get("/api/locks/")
+
+    assert response.status_code == 500
+    assert assert_json_error_shape(response, "get")["code"] == "server_error"
+    assert b"a bug in the view" not in response.content  # nothing of the error leaks out
+    logged = [record for record in caplog.records if record.name == "django.request"]
+    assert len(logged) == 1, [record.getMessage() for record in logged]  # logged once, not twice
+    assert logged[0].exc_info is not None and logged[0].exc_info[0] is RuntimeError
+
+
+def test_an_unexpected_error_still_reaches_error_reporters(
+    monkeypatch: pytest.MonkeyPatch, settings: Any
+) -> None:
+    # got_request_exception is what error reporters (and Django's test client)
+    # listen to: the client raises what the view raised.
+    settings.DEBUG = False
+    break_the_lock_list(monkeypatch)
+    with pytest.raises(RuntimeError, match="a bug in the view"):
+        full_client().get("/api/locks/")
