@@ -82,7 +82,14 @@ class BenchConfig:
 
 def bench_models() -> list[type[models.Model]]:
     found: list[type[models.Model]] = [Lock, Grant, Ticket, TokenFloor]
-    for label in ("coordination.AcceptedWrite", "coordination.Rejection", "demo.Account"):
+    # Every table a fenced write or a fenced task may touch: a deleted account's
+    # tombstone, the task's job policy (read at each execution) and its tallies.
+    labels = (
+        "coordination.AcceptedWrite", "coordination.Rejection", "coordination.Tombstone",
+        "coordination.UnfencedSave", "coordination.JobPolicy", "coordination.JobPolicyChange",
+        "coordination.JobTally", "demo.Account",
+    )
+    for label in labels:
         with contextlib.suppress(LookupError):
             found.append(apps.get_model(label))
     return found
