@@ -37,9 +37,10 @@ from django.db import DatabaseError, connections, models, transaction
 
 from coordination import locks, watermarks
 from coordination.backends import postgresql
+from coordination.backends.base import WAKE_UP_CHANNEL
 from coordination.conf import app_settings
 from coordination.exceptions import LockHeld
-from coordination.models import Grant, Lock, Ticket, TokenFloor
+from coordination.models import MAX_TOKEN, Grant, Lock, Ticket, TokenFloor
 
 BENCH_ALIAS = "coordination_bench"
 # One schema per run: runs side by side never drop each other's tables.
@@ -82,7 +83,9 @@ class BenchConfig:
 
 def bench_models() -> list[type[models.Model]]:
     found: list[type[models.Model]] = [Lock, Grant, Ticket, TokenFloor]
-    for label in ("coordination.AcceptedWrite", "coordination.Rejection", "demo.Account"):
+    # The job policies and tallies: every fenced task reads its policy.
+    for label in ("coordination.AcceptedWrite", "coordination.Rejection", "coordination.JobPolicy",
+                  "coordination.JobPolicyChange", "coordination.JobTally", "demo.Account"):
         with contextlib.suppress(LookupError):
             found.append(apps.get_model(label))
     return found
@@ -388,6 +391,39 @@ def floor_client(hot: bool, *, history: bool = False) -> ClientFactory:
     return make
 
 
+def app_functions_client(hot: bool) -> ClientFactory:
+    """psycopg calling the app's own grant-point functions on the app's schema,
+    prepared, with no Django: what the schema and the function bodies cost,
+    without the library's Python. The lease is a random string passed as its
+    hash (the library's secret and its SHA-256 count as its Python)."""
+    acquire_sql, release_sql = postgresql.ACQUIRE, postgresql.RELEASE
+    max_token = MAX_TOKEN
+
+    def make(index: int) -> Operation:
+        conn = _connect(connections.databases[BENCH_ALIAS])
+        keys = ["bench-hot"] if hot else [f"bench-{index}-{n}" for n in range(64)]
+        counter = iter(range(10**12))
+        holder = f"client-{index}"
+        # As the library calls them: the promotion guard runs inside the acquire
+        # function, and a release notifies only when a waiter asked.
+        execute = conn.execute
+
+        def cycle() -> bool:
+            key = keys[next(counter) % len(keys)]
+            lease = os.urandom(16).hex()
+            row = execute(
+                acquire_sql, (key, holder, lease, 30.0, 0.0, max_token, max_token), prepare=True
+            ).fetchone()
+            if not row[0]:
+                return False
+            execute(release_sql, (key, row[2], lease, True, WAKE_UP_CHANNEL), prepare=True)
+            return True
+
+        return cycle
+
+    return make
+
+
 def advisory_client(hot: bool) -> ClientFactory:
     def make(index: int) -> Operation:
         conn = _connect(connections.databases[BENCH_ALIAS])
@@ -594,6 +630,7 @@ def redis_available(url: str | None) -> str | None:
 SYSTEM_GIVES: dict[str, dict[str, str]] = {
     "raw_sql_floor": {"token": "yes", "durable": "yes", "note": "baseline; no history"},
     "floor_with_history": {"token": "yes", "durable": "yes", "note": "baseline; grant rows"},
+    "app_functions": {"token": "yes", "durable": "yes", "note": "baseline; the app's functions"},
     "locks": {"token": "yes, fenced", "durable": "yes", "note": "grant history"},
     "locks_unprepared": {"token": "yes, fenced", "durable": "yes", "note": "grant history"},
     "locks_orm": {"token": "yes, fenced", "durable": "yes", "note": "grant history"},
@@ -615,13 +652,14 @@ def cycle_suite(config: BenchConfig, vendor: str, progress: Callable[[str], None
         systems = {
             "raw_sql_floor": floor_client,
             "floor_with_history": lambda hot: floor_client(hot, history=True),
+            "app_functions": app_functions_client,
             **systems,
             "locks_unprepared": lambda hot: locks_client(hot, prepared=False),
             "locks_orm": lambda hot: locks_client(hot, grant_point="orm"),
             "pg_advisory": advisory_client,
         }
     else:
-        for name in ("raw_sql_floor", "floor_with_history", "pg_advisory"):
+        for name in ("raw_sql_floor", "floor_with_history", "app_functions", "pg_advisory"):
             skipped[name] = "PostgreSQL only; this run is on SQLite"
     # The peers on servers of their own, each optional; the consensus services
     # are started by the caller (bin/bench-peers.sh).
@@ -639,7 +677,7 @@ def cycle_suite(config: BenchConfig, vendor: str, progress: Callable[[str], None
         assert address is not None
         systems[name] = functools.partial(client, address)
     if config.systems is not None:
-        chosen = {*config.systems, "raw_sql_floor", "floor_with_history"}
+        chosen = {*config.systems, *LAYERS}
         systems = {name: make for name, make in systems.items() if name in chosen}
     results: dict[str, Any] = {}
     try:
@@ -650,10 +688,19 @@ def cycle_suite(config: BenchConfig, vendor: str, progress: Callable[[str], None
             zookeeper_cleanup(config.zookeeper)
     return {
         "systems": list(systems),
+        "layers": [name for name in LAYERS if name in systems],
         "skipped": skipped,
         "gives": {name: SYSTEM_GIVES[name] for name in [*systems, *skipped] if name in SYSTEM_GIVES},
         **results,
     }
+
+
+# The layers of a cycle, each a baseline for the next: the raw SQL floor; the
+# grant history's writes in the same two statements; the app's own schema and
+# functions called by psycopg; the library. Each row of a layer carries its
+# ratio to the layer below, so the history, the schema and function bodies, and
+# the library's Python each have a cost of their own. They always run together.
+LAYERS = ("raw_sql_floor", "floor_with_history", "app_functions", "locks")
 
 
 def _cycle_workload(
@@ -676,10 +723,25 @@ def _cycle_workload(
                 progress(f"{workload} {name} x{clients} round {round_number + 1}")
                 runs[name].append(run_clients(systems[name](hot), clients, config.duration))
         for name in systems:
-            rows[name].append(
-                _combine(runs[name], runs.get("raw_sql_floor"), runs.get("floor_with_history"))
-            )
+            row = _combine(runs[name], runs.get("raw_sql_floor"), runs.get("floor_with_history"))
+            if name in LAYERS[1:]:
+                below = LAYERS[LAYERS.index(name) - 1]
+                row["layer_below"] = below
+                row["ratio_to_layer_below"] = _ratio_of(runs[name], runs.get(below))
+            rows[name].append(row)
     return rows
+
+
+def _ratio_of(runs: list[dict[str, Any]], baseline: list[dict[str, Any]] | None) -> float | None:
+    """The median of the per-round throughput ratios of ``runs`` to ``baseline``."""
+    if not baseline:
+        return None
+    ratios = [
+        run["ops_per_s"] / base["ops_per_s"]
+        for run, base in zip(runs, baseline, strict=True)
+        if base["ops_per_s"]
+    ]
+    return round(statistics.median(ratios), 3) if ratios else None
 
 
 def _combine(
@@ -1419,17 +1481,27 @@ def table(results: dict[str, Any]) -> str:
             lines.append(f"acquire + release cycles, {workload.replace('_', ' ')}")
             lines.append(
                 f"{'system':<20}{'clients':>8}{'ops/s':>10}{'x floor':>9}{'x hist':>8}"
-                f"{'p50 ms':>9}{'p99 ms':>9}{'refused':>9}"
+                f"{'x below':>9}{'p50 ms':>9}{'p99 ms':>9}{'refused':>9}"
             )
             for name, series in cycles[workload].items():
                 for row in series:
                     ratio = _ratio(row["ratio_to_floor"])
                     history = _ratio(row.get("ratio_to_history_floor"))
+                    below = _ratio(row.get("ratio_to_layer_below"))
                     lines.append(
                         f"{name:<20}{row['clients']:>8}{row['ops_per_s']:>10.0f}{ratio:>9}"
-                        f"{history:>8}{_ms(row['p50_ms']):>9}{_ms(row['p99_ms']):>9}"
+                        f"{history:>8}{below:>9}{_ms(row['p50_ms']):>9}{_ms(row['p99_ms']):>9}"
                         f"{row['refused']:>9}"
                     )
+            layers = [name for name in cycles.get("layers", []) if name in cycles[workload]]
+            if len(layers) > 1:
+                lines.append("layers, each x the one below (" + " < ".join(layers) + "):")
+                for index, clients in enumerate(row["clients"] for row in cycles[workload][layers[0]]):
+                    steps = "  ".join(
+                        f"{name} {_ratio(cycles[workload][name][index].get('ratio_to_layer_below'))}"
+                        for name in layers[1:]
+                    )
+                    lines.append(f"  {clients} clients: {steps}")
     fenced = results.get("fenced")
     if fenced:
         lines.append("")
