@@ -72,6 +72,7 @@ class BenchConfig:
     wakeup_samples: int = 30
     fair_threads: int = 8
     celery_rounds: int = 400
+    statement_cycles: int = 3000
     celery: bool = True
     # The cycle systems to run (None: all); the floors always run, as every
     # ratio is taken against them.
@@ -778,6 +779,97 @@ def _combine(
             if name == "ratio_to_floor":
                 combined["ratio_to_floor_rounds"] = [round(ratio, 3) for ratio in ratios]
     return combined
+
+
+def statements_suite(config: BenchConfig, alias: str, progress: Callable[[str], None]) -> dict[str, Any]:
+    """What each statement of a cycle costs the server, from ``pg_stat_statements``.
+
+    One client over 64 keys runs ``config.statement_cycles`` cycles of the raw
+    SQL floor, the floor with history and the app's functions (the library's
+    server work is the app's functions'), its session tracking nested
+    statements too (``pg_stat_statements.track = all``, which adds its own
+    cost to each nested statement); the statistics are read before and after,
+    so nothing is reset. Also the server's WAL bytes per cycle. Skipped unless
+    the server loads pg_stat_statements and the role may set its tracking.
+    """
+    settings = connections.databases[alias]
+    admin = _connect(settings)
+    try:
+        where = _statements_view(admin)
+        if isinstance(where, dict):
+            return where
+        options = dict(settings.get("OPTIONS", {}))
+        options["options"] = f"{options.get('options', '')} -c pg_stat_statements.track=all".strip()
+        results: dict[str, Any] = {"cycles": config.statement_cycles, "track": "all"}
+        for name, factory in (
+            ("raw_sql_floor", floor_client(False)),
+            ("floor_with_history", floor_client(False, history=True)),
+            ("app_functions", app_functions_client(False)),
+        ):
+            progress(f"statements {name}")
+            # The client reads the alias's settings when it connects: its session tracks.
+            connections.databases[BENCH_ALIAS] = {**settings, "OPTIONS": options}
+            try:
+                cycle = factory(0)
+            finally:
+                connections.databases[BENCH_ALIAS] = settings
+            for _ in range(300):  # every key's row exists, the statements are prepared
+                cycle()
+            before = _statement_stats(admin, where)
+            wal_before = admin.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
+            for _ in range(config.statement_cycles):
+                cycle()
+            wal = admin.execute("SELECT pg_current_wal_lsn() - %s::pg_lsn", [wal_before]).fetchone()[0]
+            rows: list[dict[str, Any]] = []
+            for key, (query, calls, exec_ms, wal_bytes) in _statement_stats(admin, where).items():
+                was = before.get(key, (query, 0, 0.0, 0))
+                if calls - was[1] < config.statement_cycles // 2:
+                    continue  # another session's, or the warm-up's
+                rows.append({
+                    "statement": query, "toplevel": key[1],
+                    "calls_per_cycle": round((calls - was[1]) / config.statement_cycles, 2),
+                    "exec_us_per_cycle": round((exec_ms - was[2]) * 1000 / config.statement_cycles, 1),
+                    "wal_bytes_per_cycle": round((wal_bytes - was[3]) / config.statement_cycles),
+                })
+            rows.sort(key=lambda row: (not row["toplevel"], -row["exec_us_per_cycle"]))
+            results[name] = {
+                "statements": rows,
+                "server_wal_bytes_per_cycle": round(int(wal) / config.statement_cycles),
+            }
+        return results
+    finally:
+        admin.close()
+
+
+def _statements_view(admin: Any) -> str | dict[str, str]:
+    """The qualified name of ``pg_stat_statements``, or why the part is skipped."""
+    loaded = admin.execute("SELECT current_setting('shared_preload_libraries')").fetchone()[0]
+    if "pg_stat_statements" not in loaded:
+        return {"skipped": "the server does not load pg_stat_statements (shared_preload_libraries)"}
+    found = admin.execute(
+        "SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace"
+        " WHERE e.extname = 'pg_stat_statements'"
+    ).fetchone()
+    if found is None:
+        return {"skipped": "CREATE EXTENSION pg_stat_statements in this database first"}
+    try:
+        admin.execute("SET pg_stat_statements.track = 'all'")
+    except Exception as error:
+        return {"skipped": f"the role may not set pg_stat_statements.track: {error}"}
+    return f'"{found[0]}".pg_stat_statements'
+
+
+def _statement_stats(admin: Any, view: str) -> dict[tuple[int, bool], tuple[str, int, float, int]]:
+    rows = admin.execute(
+        "SELECT queryid, toplevel, regexp_replace(query, '\\s+', ' ', 'g'), calls, total_exec_time,"
+        f" wal_bytes FROM {view} WHERE dbid = (SELECT oid FROM pg_database"
+        " WHERE datname = current_database())"
+        " AND userid = (SELECT oid FROM pg_roles WHERE rolname = current_user)"
+    ).fetchall()
+    return {
+        (queryid, top): (query, calls, exec_ms, int(wal))
+        for queryid, top, query, calls, exec_ms, wal in rows
+    }
 
 
 def _median_of(values: Iterator[float | None]) -> float | None:
@@ -1502,6 +1594,25 @@ def table(results: dict[str, Any]) -> str:
                         for name in layers[1:]
                     )
                     lines.append(f"  {clients} clients: {steps}")
+    statements = results.get("statements")
+    if statements:
+        lines.append("")
+        if "skipped" in statements:
+            lines.append(f"statements: skipped ({statements['skipped']})")
+        else:
+            lines.append(
+                f"server work per cycle, by statement (pg_stat_statements, track = all, "
+                f"{statements['cycles']} cycles of one client); nested statements indented"
+            )
+            for name in ("raw_sql_floor", "floor_with_history", "app_functions"):
+                part = statements[name]
+                lines.append(f"{name}: {part['server_wal_bytes_per_cycle']} WAL bytes a cycle")
+                for row in part["statements"]:
+                    indent = "" if row["toplevel"] else "  "
+                    lines.append(
+                        f"  {row['exec_us_per_cycle']:>7.1f} us {row['wal_bytes_per_cycle']:>5} B "
+                        f"{row['calls_per_cycle']:>5.2f}x  {indent}{row['statement'][:90]}"
+                    )
     fenced = results.get("fenced")
     if fenced:
         lines.append("")

@@ -77,6 +77,12 @@ def test_quick_bench_writes_json_table_and_chart(tmp_path: Path) -> None:
         assert "layers, each x the one below" in done.stdout
     else:
         assert "app_functions" in cycles["skipped"]
+    # Per statement where the server loads pg_stat_statements; else it says why not.
+    statements = results["statements"]
+    if "skipped" not in statements:
+        for name in ("raw_sql_floor", "floor_with_history", "app_functions"):
+            assert statements[name]["server_wal_bytes_per_cycle"] > 0
+            assert any(row["toplevel"] for row in statements[name]["statements"])
     fenced = results["fenced"]
     for mode in ("autocommit", "in_transaction"):
         assert fenced[mode]["fenced_update"]["ops"] > 0 and fenced[mode]["plain_update"]["ops"] > 0
