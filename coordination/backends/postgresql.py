@@ -29,6 +29,7 @@ the ORM transaction chosen with ``COORDINATION["GRANT_POINT"] = "orm"``).
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import time
 from collections.abc import Collection
@@ -593,7 +594,15 @@ class PostgreSQLOrmGrantPoint(OrmGrantPoint):
 
     def _cursor(self, connection: BaseDatabaseWrapper) -> Any:
         """A psycopg cursor of the connection's own (server-side binding, unlike
-        Django's cursors), kept until the connection is replaced."""
+        Django's cursors), kept until the connection is replaced.
+
+        Its timestamps load as the same aware UTC datetimes Django's do. Django
+        loads ``timestamptz`` with a Python loader that sets the tzinfo Django
+        uses (a few microseconds per value, and a loader object per column per
+        statement); when that is UTC and the session's time zone is UTC too,
+        psycopg's own loader (in C) returns equal values with the same
+        ``timezone.utc``, so this cursor uses it. Any other zone keeps Django's.
+        """
         import psycopg
 
         raw = connection.connection
@@ -602,7 +611,13 @@ class PostgreSQLOrmGrantPoint(OrmGrantPoint):
             raw = connection.connection
         cursor = self._cursors.get(connection)
         if cursor is None or cursor.connection is not raw:
-            cursor = self._cursors[connection] = psycopg.Cursor(raw)
+            cursor = psycopg.Cursor(raw)
+            if connection.timezone is dt.UTC and raw.info.timezone is dt.UTC:
+                from psycopg.types.datetime import TimestamptzLoader
+
+                # The cursor's own copy of the adapters: the connection's stay Django's.
+                cursor.adapters.register_loader("timestamptz", TimestamptzLoader)
+            self._cursors[connection] = cursor
         return cursor
 
     # --- wake-ups: LISTEN/NOTIFY -------------------------------------------------

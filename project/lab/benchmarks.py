@@ -37,9 +37,10 @@ from django.db import DatabaseError, connections, models, transaction
 
 from coordination import locks, watermarks
 from coordination.backends import postgresql
+from coordination.backends.base import WAKE_UP_CHANNEL
 from coordination.conf import app_settings
 from coordination.exceptions import LockHeld
-from coordination.models import Grant, Lock, Ticket, TokenFloor
+from coordination.models import MAX_TOKEN, Grant, Lock, Ticket, TokenFloor
 
 BENCH_ALIAS = "coordination_bench"
 # One schema per run: runs side by side never drop each other's tables.
@@ -71,6 +72,7 @@ class BenchConfig:
     wakeup_samples: int = 30
     fair_threads: int = 8
     celery_rounds: int = 400
+    statement_cycles: int = 3000
     celery: bool = True
     # The cycle systems to run (None: all); the floors always run, as every
     # ratio is taken against them.
@@ -395,6 +397,39 @@ def floor_client(hot: bool, *, history: bool = False) -> ClientFactory:
     return make
 
 
+def app_functions_client(hot: bool) -> ClientFactory:
+    """psycopg calling the app's own grant-point functions on the app's schema,
+    prepared, with no Django: what the schema and the function bodies cost,
+    without the library's Python. The lease is a random string passed as its
+    hash (the library's secret and its SHA-256 count as its Python)."""
+    acquire_sql, release_sql = postgresql.ACQUIRE, postgresql.RELEASE
+    max_token = MAX_TOKEN
+
+    def make(index: int) -> Operation:
+        conn = _connect(connections.databases[BENCH_ALIAS])
+        keys = ["bench-hot"] if hot else [f"bench-{index}-{n}" for n in range(64)]
+        counter = iter(range(10**12))
+        holder = f"client-{index}"
+        # As the library calls them: the promotion guard runs inside the acquire
+        # function, and a release notifies only when a waiter asked.
+        execute = conn.execute
+
+        def cycle() -> bool:
+            key = keys[next(counter) % len(keys)]
+            lease = os.urandom(16).hex()
+            row = execute(
+                acquire_sql, (key, holder, lease, 30.0, 0.0, max_token, max_token), prepare=True
+            ).fetchone()
+            if not row[0]:
+                return False
+            execute(release_sql, (key, row[2], lease, True, WAKE_UP_CHANNEL), prepare=True)
+            return True
+
+        return cycle
+
+    return make
+
+
 def advisory_client(hot: bool) -> ClientFactory:
     def make(index: int) -> Operation:
         conn = _connect(connections.databases[BENCH_ALIAS])
@@ -601,6 +636,7 @@ def redis_available(url: str | None) -> str | None:
 SYSTEM_GIVES: dict[str, dict[str, str]] = {
     "raw_sql_floor": {"token": "yes", "durable": "yes", "note": "baseline; no history"},
     "floor_with_history": {"token": "yes", "durable": "yes", "note": "baseline; grant rows"},
+    "app_functions": {"token": "yes", "durable": "yes", "note": "baseline; the app's functions"},
     "locks": {"token": "yes, fenced", "durable": "yes", "note": "grant history"},
     "locks_unprepared": {"token": "yes, fenced", "durable": "yes", "note": "grant history"},
     "locks_orm": {"token": "yes, fenced", "durable": "yes", "note": "grant history"},
@@ -622,13 +658,14 @@ def cycle_suite(config: BenchConfig, vendor: str, progress: Callable[[str], None
         systems = {
             "raw_sql_floor": floor_client,
             "floor_with_history": lambda hot: floor_client(hot, history=True),
+            "app_functions": app_functions_client,
             **systems,
             "locks_unprepared": lambda hot: locks_client(hot, prepared=False),
             "locks_orm": lambda hot: locks_client(hot, grant_point="orm"),
             "pg_advisory": advisory_client,
         }
     else:
-        for name in ("raw_sql_floor", "floor_with_history", "pg_advisory"):
+        for name in ("raw_sql_floor", "floor_with_history", "app_functions", "pg_advisory"):
             skipped[name] = "PostgreSQL only; this run is on SQLite"
     # The peers on servers of their own, each optional; the consensus services
     # are started by the caller (bin/bench-peers.sh).
@@ -646,7 +683,7 @@ def cycle_suite(config: BenchConfig, vendor: str, progress: Callable[[str], None
         assert address is not None
         systems[name] = functools.partial(client, address)
     if config.systems is not None:
-        chosen = {*config.systems, "raw_sql_floor", "floor_with_history"}
+        chosen = {*config.systems, *LAYERS}
         systems = {name: make for name, make in systems.items() if name in chosen}
     results: dict[str, Any] = {}
     try:
@@ -657,10 +694,19 @@ def cycle_suite(config: BenchConfig, vendor: str, progress: Callable[[str], None
             zookeeper_cleanup(config.zookeeper)
     return {
         "systems": list(systems),
+        "layers": [name for name in LAYERS if name in systems],
         "skipped": skipped,
         "gives": {name: SYSTEM_GIVES[name] for name in [*systems, *skipped] if name in SYSTEM_GIVES},
         **results,
     }
+
+
+# The layers of a cycle, each a baseline for the next: the raw SQL floor; the
+# grant history's writes in the same two statements; the app's own schema and
+# functions called by psycopg; the library. Each row of a layer carries its
+# ratio to the layer below, so the history, the schema and function bodies, and
+# the library's Python each have a cost of their own. They always run together.
+LAYERS = ("raw_sql_floor", "floor_with_history", "app_functions", "locks")
 
 
 def _cycle_workload(
@@ -683,10 +729,25 @@ def _cycle_workload(
                 progress(f"{workload} {name} x{clients} round {round_number + 1}")
                 runs[name].append(run_clients(systems[name](hot), clients, config.duration))
         for name in systems:
-            rows[name].append(
-                _combine(runs[name], runs.get("raw_sql_floor"), runs.get("floor_with_history"))
-            )
+            row = _combine(runs[name], runs.get("raw_sql_floor"), runs.get("floor_with_history"))
+            if name in LAYERS[1:]:
+                below = LAYERS[LAYERS.index(name) - 1]
+                row["layer_below"] = below
+                row["ratio_to_layer_below"] = _ratio_of(runs[name], runs.get(below))
+            rows[name].append(row)
     return rows
+
+
+def _ratio_of(runs: list[dict[str, Any]], baseline: list[dict[str, Any]] | None) -> float | None:
+    """The median of the per-round throughput ratios of ``runs`` to ``baseline``."""
+    if not baseline:
+        return None
+    ratios = [
+        run["ops_per_s"] / base["ops_per_s"]
+        for run, base in zip(runs, baseline, strict=True)
+        if base["ops_per_s"]
+    ]
+    return round(statistics.median(ratios), 3) if ratios else None
 
 
 def _combine(
@@ -723,6 +784,97 @@ def _combine(
             if name == "ratio_to_floor":
                 combined["ratio_to_floor_rounds"] = [round(ratio, 3) for ratio in ratios]
     return combined
+
+
+def statements_suite(config: BenchConfig, alias: str, progress: Callable[[str], None]) -> dict[str, Any]:
+    """What each statement of a cycle costs the server, from ``pg_stat_statements``.
+
+    One client over 64 keys runs ``config.statement_cycles`` cycles of the raw
+    SQL floor, the floor with history and the app's functions (the library's
+    server work is the app's functions'), its session tracking nested
+    statements too (``pg_stat_statements.track = all``, which adds its own
+    cost to each nested statement); the statistics are read before and after,
+    so nothing is reset. Also the server's WAL bytes per cycle. Skipped unless
+    the server loads pg_stat_statements and the role may set its tracking.
+    """
+    settings = connections.databases[alias]
+    admin = _connect(settings)
+    try:
+        where = _statements_view(admin)
+        if isinstance(where, dict):
+            return where
+        options = dict(settings.get("OPTIONS", {}))
+        options["options"] = f"{options.get('options', '')} -c pg_stat_statements.track=all".strip()
+        results: dict[str, Any] = {"cycles": config.statement_cycles, "track": "all"}
+        for name, factory in (
+            ("raw_sql_floor", floor_client(False)),
+            ("floor_with_history", floor_client(False, history=True)),
+            ("app_functions", app_functions_client(False)),
+        ):
+            progress(f"statements {name}")
+            # The client reads the alias's settings when it connects: its session tracks.
+            connections.databases[BENCH_ALIAS] = {**settings, "OPTIONS": options}
+            try:
+                cycle = factory(0)
+            finally:
+                connections.databases[BENCH_ALIAS] = settings
+            for _ in range(300):  # every key's row exists, the statements are prepared
+                cycle()
+            before = _statement_stats(admin, where)
+            wal_before = admin.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
+            for _ in range(config.statement_cycles):
+                cycle()
+            wal = admin.execute("SELECT pg_current_wal_lsn() - %s::pg_lsn", [wal_before]).fetchone()[0]
+            rows: list[dict[str, Any]] = []
+            for key, (query, calls, exec_ms, wal_bytes) in _statement_stats(admin, where).items():
+                was = before.get(key, (query, 0, 0.0, 0))
+                if calls - was[1] < config.statement_cycles // 2:
+                    continue  # another session's, or the warm-up's
+                rows.append({
+                    "statement": query, "toplevel": key[1],
+                    "calls_per_cycle": round((calls - was[1]) / config.statement_cycles, 2),
+                    "exec_us_per_cycle": round((exec_ms - was[2]) * 1000 / config.statement_cycles, 1),
+                    "wal_bytes_per_cycle": round((wal_bytes - was[3]) / config.statement_cycles),
+                })
+            rows.sort(key=lambda row: (not row["toplevel"], -row["exec_us_per_cycle"]))
+            results[name] = {
+                "statements": rows,
+                "server_wal_bytes_per_cycle": round(int(wal) / config.statement_cycles),
+            }
+        return results
+    finally:
+        admin.close()
+
+
+def _statements_view(admin: Any) -> str | dict[str, str]:
+    """The qualified name of ``pg_stat_statements``, or why the part is skipped."""
+    loaded = admin.execute("SELECT current_setting('shared_preload_libraries')").fetchone()[0]
+    if "pg_stat_statements" not in loaded:
+        return {"skipped": "the server does not load pg_stat_statements (shared_preload_libraries)"}
+    found = admin.execute(
+        "SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace"
+        " WHERE e.extname = 'pg_stat_statements'"
+    ).fetchone()
+    if found is None:
+        return {"skipped": "CREATE EXTENSION pg_stat_statements in this database first"}
+    try:
+        admin.execute("SET pg_stat_statements.track = 'all'")
+    except Exception as error:
+        return {"skipped": f"the role may not set pg_stat_statements.track: {error}"}
+    return f'"{found[0]}".pg_stat_statements'
+
+
+def _statement_stats(admin: Any, view: str) -> dict[tuple[int, bool], tuple[str, int, float, int]]:
+    rows = admin.execute(
+        "SELECT queryid, toplevel, regexp_replace(query, '\\s+', ' ', 'g'), calls, total_exec_time,"
+        f" wal_bytes FROM {view} WHERE dbid = (SELECT oid FROM pg_database"
+        " WHERE datname = current_database())"
+        " AND userid = (SELECT oid FROM pg_roles WHERE rolname = current_user)"
+    ).fetchall()
+    return {
+        (queryid, top): (query, calls, exec_ms, int(wal))
+        for queryid, top, query, calls, exec_ms, wal in rows
+    }
 
 
 def _median_of(values: Iterator[float | None]) -> float | None:
@@ -1426,16 +1578,45 @@ def table(results: dict[str, Any]) -> str:
             lines.append(f"acquire + release cycles, {workload.replace('_', ' ')}")
             lines.append(
                 f"{'system':<20}{'clients':>8}{'ops/s':>10}{'x floor':>9}{'x hist':>8}"
-                f"{'p50 ms':>9}{'p99 ms':>9}{'refused':>9}"
+                f"{'x below':>9}{'p50 ms':>9}{'p99 ms':>9}{'refused':>9}"
             )
             for name, series in cycles[workload].items():
                 for row in series:
                     ratio = _ratio(row["ratio_to_floor"])
                     history = _ratio(row.get("ratio_to_history_floor"))
+                    below = _ratio(row.get("ratio_to_layer_below"))
                     lines.append(
                         f"{name:<20}{row['clients']:>8}{row['ops_per_s']:>10.0f}{ratio:>9}"
-                        f"{history:>8}{_ms(row['p50_ms']):>9}{_ms(row['p99_ms']):>9}"
+                        f"{history:>8}{below:>9}{_ms(row['p50_ms']):>9}{_ms(row['p99_ms']):>9}"
                         f"{row['refused']:>9}"
+                    )
+            layers = [name for name in cycles.get("layers", []) if name in cycles[workload]]
+            if len(layers) > 1:
+                lines.append("layers, each x the one below (" + " < ".join(layers) + "):")
+                for index, clients in enumerate(row["clients"] for row in cycles[workload][layers[0]]):
+                    steps = "  ".join(
+                        f"{name} {_ratio(cycles[workload][name][index].get('ratio_to_layer_below'))}"
+                        for name in layers[1:]
+                    )
+                    lines.append(f"  {clients} clients: {steps}")
+    statements = results.get("statements")
+    if statements:
+        lines.append("")
+        if "skipped" in statements:
+            lines.append(f"statements: skipped ({statements['skipped']})")
+        else:
+            lines.append(
+                f"server work per cycle, by statement (pg_stat_statements, track = all, "
+                f"{statements['cycles']} cycles of one client); nested statements indented"
+            )
+            for name in ("raw_sql_floor", "floor_with_history", "app_functions"):
+                part = statements[name]
+                lines.append(f"{name}: {part['server_wal_bytes_per_cycle']} WAL bytes a cycle")
+                for row in part["statements"]:
+                    indent = "" if row["toplevel"] else "  "
+                    lines.append(
+                        f"  {row['exec_us_per_cycle']:>7.1f} us {row['wal_bytes_per_cycle']:>5} B "
+                        f"{row['calls_per_cycle']:>5.2f}x  {indent}{row['statement'][:90]}"
                     )
     fenced = results.get("fenced")
     if fenced:

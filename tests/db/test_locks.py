@@ -49,6 +49,19 @@ def test_the_returned_lease_is_a_handle_matching_its_grant_row() -> None:
     assert not hasattr(stored, "lease_id")  # the row keeps only the hash
 
 
+def test_lease_times_are_aware_utc_as_the_orm_loads_them() -> None:
+    """The grant point reads its results with a cursor of its own: its times are
+    the same aware UTC datetimes, with the same tzinfo, as the ORM's."""
+    lease = locks.acquire("account:9", holder="worker-a", ttl=10)
+    ended = locks.release(lease)
+    stored = Grant.objects.of(lease).get()
+
+    for value, orm in ((lease.acquired_at, stored.acquired_at), (ended.ended_at, stored.ended_at)):
+        assert value is not None and orm is not None
+        assert (value, value.tzinfo) == (orm, orm.tzinfo)
+        assert value.utcoffset() == dt.timedelta(0)
+
+
 def test_a_lease_pickles_and_its_repr_never_shows_the_secret() -> None:
     lease = locks.acquire("account:9", holder="worker-a", ttl=10)
     lease.next_step()

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from itertools import pairwise
 from pathlib import Path
 from urllib.parse import quote
 
@@ -65,6 +66,23 @@ def test_quick_bench_writes_json_table_and_chart(tmp_path: Path) -> None:
     floor = cycles["many_keys"].get("raw_sql_floor")
     if postgres:
         assert floor is not None and all(row["ratio_to_floor"] == 1.0 for row in floor)
+        # Every layer of a cycle in the same run, each with its ratio to the one below.
+        layers = ["raw_sql_floor", "floor_with_history", "app_functions", "locks"]
+        assert cycles["layers"] == layers
+        for workload in ("many_keys", "hot_key"):
+            for below, name in pairwise(layers):
+                for row in cycles[workload][name]:
+                    assert row["layer_below"] == below
+                    assert row["ratio_to_layer_below"] > 0
+        assert "layers, each x the one below" in done.stdout
+    else:
+        assert "app_functions" in cycles["skipped"]
+    # Per statement where the server loads pg_stat_statements; else it says why not.
+    statements = results["statements"]
+    if "skipped" not in statements:
+        for name in ("raw_sql_floor", "floor_with_history", "app_functions"):
+            assert statements[name]["server_wal_bytes_per_cycle"] > 0
+            assert any(row["toplevel"] for row in statements[name]["statements"])
     fenced = results["fenced"]
     for mode in ("autocommit", "in_transaction"):
         assert fenced[mode]["fenced_update"]["ops"] > 0 and fenced[mode]["plain_update"]["ops"] > 0

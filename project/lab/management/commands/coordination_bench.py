@@ -74,7 +74,7 @@ class Command(BaseCommand):
         )
         parser.add_argument("--skip-scale", action="store_true", help="skip the row-count runs")
         parser.add_argument(
-            "--only", choices=["cycles", "fenced", "scale", "wakeup", "fairness", "celery"],
+            "--only", choices=["cycles", "statements", "fenced", "scale", "wakeup", "fairness", "celery"],
             action="append",
             help="run only these parts (repeatable)",
         )
@@ -97,7 +97,8 @@ class Command(BaseCommand):
     def _run(self, options: dict[str, Any]) -> None:
         config = self._config(options)
         parts = set(
-            options["only"] or ["cycles", "fenced", "scale", "wakeup", "fairness", "celery"]
+            options["only"]
+            or ["cycles", "statements", "fenced", "scale", "wakeup", "fairness", "celery"]
         )
         vendor = connections[app_settings.DATABASE].vendor
         results: dict[str, Any] = {
@@ -117,6 +118,11 @@ class Command(BaseCommand):
         ):
             if "cycles" in parts:
                 results["cycles"] = benchmarks.cycle_suite(config, vendor, self._progress)
+            if "statements" in parts:
+                results["statements"] = (
+                    benchmarks.statements_suite(config, alias, self._progress)
+                    if vendor == "postgresql" else {"skipped": "PostgreSQL only"}
+                )
             if "fenced" in parts:
                 self._progress("fenced_update against update()")
                 results["fenced"] = benchmarks.fenced_suite(config, alias)
@@ -179,6 +185,7 @@ class Command(BaseCommand):
             config.wakeup_samples = 3
             config.fair_threads = 3
             config.celery_rounds = 20
+            config.statement_cycles = 50
         return config
 
     def _progress(self, message: str) -> None:
