@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.celery_workers import wait_until_other_sessions_idle
+from tests.support.celery_workers import RedisBroker, wait_until_other_sessions_idle
 
 
 @pytest.fixture(autouse=True)
@@ -21,3 +21,11 @@ def _workers_idle_before_teardown(request: pytest.FixtureRequest) -> Iterator[No
     marker = request.node.get_closest_marker("django_db")
     if marker is not None and marker.kwargs.get("transaction"):
         wait_until_other_sessions_idle()
+
+
+@pytest.fixture(scope="module")
+def broker() -> Iterator[RedisBroker]:
+    """A Redis broker with a key prefix of the module's own, cleaned after it."""
+    fresh = RedisBroker.fresh()
+    yield fresh
+    fresh.clean()

@@ -37,13 +37,6 @@ RESULT_TIMEOUT = 60
 
 
 @pytest.fixture(scope="module")
-def broker() -> Iterator[RedisBroker]:
-    fresh = RedisBroker.fresh()
-    yield fresh
-    fresh.clean()
-
-
-@pytest.fixture(scope="module")
 def results(broker: RedisBroker) -> Any:
     """The Redis result backend, as the caller's process configures it."""
     backend = RedisBackend(app=app, url=broker.url)

@@ -51,13 +51,6 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def broker() -> Iterator[RedisBroker]:
-    fresh = RedisBroker.fresh()
-    yield fresh
-    fresh.clean()
-
-
-@pytest.fixture(scope="module")
 def workers(
     django_db_setup: None,
     django_db_blocker: Any,

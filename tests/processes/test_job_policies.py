@@ -45,13 +45,6 @@ REFRESH = 2.0
 
 
 @pytest.fixture(scope="module")
-def broker() -> Iterator[RedisBroker]:
-    fresh = RedisBroker.fresh()
-    yield fresh
-    fresh.clean()
-
-
-@pytest.fixture(scope="module")
 def worker(
     django_db_setup: None, django_db_blocker: Any, broker: RedisBroker,
     tmp_path_factory: pytest.TempPathFactory,
