@@ -138,6 +138,8 @@ def bench_database(
             base["NAME"] = database
         options = dict(base.get("OPTIONS", {}))
         options["options"] = f"-c search_path={schema}"
+        # Names the schema's sessions, so that the exit can end any left running.
+        options["application_name"] = schema
         base["OPTIONS"] = options
         _run_admin_sql(base, [f"DROP SCHEMA IF EXISTS {schema} CASCADE",
                               f"CREATE SCHEMA {schema}"])
@@ -185,7 +187,14 @@ def bench_database(
         del connections.databases[alias]
         if not keep:
             if vendor == "postgresql":
-                _run_admin_sql(base, [f"DROP SCHEMA IF EXISTS {schema} CASCADE"])
+                # A statement an interrupt did not cancel (a load the signal hit
+                # between psycopg's send and its wait) keeps running on the server
+                # after its client closed, holding the locks the DROP waits for.
+                _run_admin_sql(base, [
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    f" WHERE application_name = '{schema}' AND pid <> pg_backend_pid()",
+                    f"DROP SCHEMA IF EXISTS {schema} CASCADE",
+                ])
             else:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(str(base["NAME"]))
