@@ -226,8 +226,9 @@ _pg_ours() {
 
 _pg_start_new() {
     _pg_choose_root
-    local data="$_PG_ROOT/data" log="$_PG_ROOT/postgres.log"
+    local data="$_PG_ROOT/data" log="$_PG_ROOT/postgres.log" fresh=0
     if [[ ! -f $data/PG_VERSION ]]; then
+        fresh=1
         info "PostgreSQL: initdb $data"
         _pg_as_owner "$_PG_BIN/initdb" -D "$data" -U coordination -A trust -E UTF8 --no-locale \
             >"$_PG_ROOT/initdb.log" 2>&1 ||
@@ -259,8 +260,18 @@ EOF
     [[ $EUID -eq 0 ]] && chown -R "$_PG_OWNER": "$_PG_ROOT"
 
     info "PostgreSQL: starting on 127.0.0.1:$COORDINATION_PG_PORT (data $data, log $log)"
+    local log_before
+    log_before=$(wc -l 2>/dev/null <"$log" || echo 0)
     if ! _pg_as_owner "$_PG_BIN/pg_ctl" -D "$data" -l "$log" -w -t 60 -s start \
         {_SVC_MUTEX_FD}<&- </dev/null >/dev/null; then
+        # Another process bound the port between our check and the server's
+        # bind (a run with its own lock directory): the caller tries the next.
+        if tail -n "+$((log_before + 1))" "$log" 2>/dev/null | grep -q "could not bind"; then
+            info "PostgreSQL: port $COORDINATION_PG_PORT was taken while starting"
+            # A data directory made for this attempt is not left behind.
+            ((fresh == 0)) || rm -rf -- "$_PG_ROOT"
+            return 2
+        fi
         tail -n 30 "$log" >&2 2>/dev/null
         die "PostgreSQL failed to start (log: $log)"
     fi
@@ -305,9 +316,12 @@ start_postgres() {
             break
         fi
         if port_free "$COORDINATION_PG_PORT"; then
-            _pg_start_new
-            _svc_record_server "$name" "$(head -n 1 "$_PG_DATA/postmaster.pid")"
-            break
+            local started=0
+            _pg_start_new || started=$?
+            if ((started == 0)); then
+                _svc_record_server "$name" "$(head -n 1 "$_PG_DATA/postmaster.pid")"
+                break
+            fi
         fi
         _svc_mutex_release
         [[ -z $_SVC_PG_PORT_GIVEN ]] || port_taken COORDINATION_PG_PORT
@@ -354,11 +368,11 @@ _stop_postgres() {
 # --- Redis ------------------------------------------------------------------
 
 _redis_ping() {
-    [[ "$(redis-cli -h 127.0.0.1 -p "$COORDINATION_REDIS_PORT" ping 2>/dev/null)" == PONG ]]
+    [[ "$(timeout 5 redis-cli -h 127.0.0.1 -p "$COORDINATION_REDIS_PORT" ping 2>/dev/null)" == PONG ]]
 }
 
 _redis_pid() { # the pid of the Redis answering on the port
-    redis-cli -h 127.0.0.1 -p "$COORDINATION_REDIS_PORT" info server 2>/dev/null |
+    timeout 5 redis-cli -h 127.0.0.1 -p "$COORDINATION_REDIS_PORT" info server 2>/dev/null |
         sed -n 's/^process_id:\([0-9]*\).*/\1/p'
 }
 
@@ -375,6 +389,8 @@ _redis_start_new() {
     mkdir -p "$dir"
     logfile="$dir/coordination-test-redis.log"
     info "Redis: starting on 127.0.0.1:$COORDINATION_REDIS_PORT (log $logfile)"
+    local log_before
+    log_before=$(wc -l 2>/dev/null <"$logfile" || echo 0)
     # shellcheck disable=SC2094 # stdout catches errors from before the log file is open
     setsid redis-server --port "$COORDINATION_REDIS_PORT" --bind 127.0.0.1 \
         --save '' --appendonly no --daemonize no \
@@ -383,7 +399,19 @@ _redis_start_new() {
     _REDIS_PID=$!
     _REDIS_STARTED=1
     for ((i = 0; i < 100; i++)); do
-        _redis_ping && return 0
+        if kill -0 "$_REDIS_PID" 2>/dev/null; then
+            # Answering, and it is the one we started (not a server that took
+            # the port between our check and this bind).
+            _redis_ping && [[ "$(_redis_pid)" == "$_REDIS_PID" ]] && return 0
+        else
+            wait "$_REDIS_PID" 2>/dev/null || true
+            _REDIS_STARTED=0
+            if tail -n "+$((log_before + 1))" "$logfile" 2>/dev/null | grep -q "Address already in use"; then
+                info "Redis: port $COORDINATION_REDIS_PORT was taken while starting"
+                return 2
+            fi
+            break
+        fi
         sleep 0.1
     done
     tail -n 20 "$logfile" >&2 2>/dev/null
@@ -413,9 +441,12 @@ start_redis() {
             break
         fi
         if port_free "$COORDINATION_REDIS_PORT"; then
-            _redis_start_new
-            _svc_record_server "$name" "$(_redis_pid)"
-            break
+            local started=0
+            _redis_start_new || started=$?
+            if ((started == 0)); then
+                _svc_record_server "$name" "$(_redis_pid)"
+                break
+            fi
         fi
         _svc_mutex_release
         [[ -z $_SVC_REDIS_PORT_GIVEN ]] || port_taken COORDINATION_REDIS_PORT

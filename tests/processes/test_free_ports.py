@@ -68,6 +68,40 @@ def test_redis_starts_past_a_port_another_program_listens_on(tmp_path: Path) -> 
     assert free_port(int(chosen)) == int(chosen)  # and the last user out stopped it
 
 
+@pytest.mark.parametrize("service", ["redis", "postgres"])
+def test_a_port_taken_between_the_check_and_the_bind_moves_the_start_on(
+    service: str, tmp_path: Path,
+) -> None:
+    """Two runs with lock directories of their own can both find a port free
+    and both start a server on it; the one that loses the bind goes on to the
+    next port instead of failing. Here the check is made to say "free" while
+    a socket holds the port, which is what the loser sees."""
+    if service == "redis" and (shutil.which("redis-server") is None or shutil.which("redis-cli") is None):
+        missing_service("redis-server and redis-cli (apt-get install redis-server)")
+    port_variable = {"redis": "COORDINATION_REDIS_PORT", "postgres": "COORDINATION_PG_PORT"}[service]
+    first = free_port({"redis": REDIS_DEFAULT, "postgres": 54329}[service])
+    env = script_env(COORDINATION_SERVICES_LOCK_DIR=str(tmp_path))
+    # Unset, the search starts at the default; the default may be in use by this run.
+    answers = {
+        "redis": 'redis-cli -u "$COORDINATION_TEST_REDIS_URL" ping',
+        "postgres": '_pg_psql coordination "select 41 + 1"',
+    }[service]
+    data_before = (REPO / "var" / f"pg-{first}").exists()
+    with taken(first):
+        done = bash(
+            f"source bin/services.sh && port_free() {{ (( $1 >= {first} )); }} "
+            f"&& start_{service} && echo \"${port_variable}\" && {answers}",
+            env, timeout=180,
+        )
+    assert done.returncode == 0, done.stderr
+    chosen, answer = done.stdout.split()
+    assert int(chosen) > first  # the lost port was left for the next one
+    assert answer == {"redis": "PONG", "postgres": "42"}[service]
+    assert "was taken while starting" in done.stderr
+    if service == "postgres" and not data_before:
+        assert not (REPO / "var" / f"pg-{first}").exists()  # the attempt left no data directory
+
+
 def test_a_taken_port_the_caller_names_fails_the_start_at_once(tmp_path: Path) -> None:
     port = free_port(40000)
     with taken(port):
