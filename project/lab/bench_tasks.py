@@ -7,7 +7,8 @@ project.lab.bench_tasks``), never by the site: at import it points the worker's
 on PostgreSQL, the bench file on SQLite), so the worker writes the tables the
 producer created and drops. Both tasks write the same demo Account row; the
 fenced one under lock ``account:<id>`` (the same key for every execution: one
-worker runs them one at a time, so they never contend).
+worker runs them one at a time, so they never contend). ``work_ms`` stands for
+the body's own work before its write (a sleep, as an API call would wait).
 
 Completion is recorded after the task has returned (for the fenced task: after
 its lease is released) by ``task_postrun``, which pushes ``[name, sent_at,
@@ -52,12 +53,20 @@ def _rows() -> Any:
 
 
 @fenced_task(lock="account:{account_id}", ttl=30, name=FENCED)
-def e2e_fenced(account_id: int, amount: int, *, sent_at: float, report: str) -> None:
+def e2e_fenced(
+    account_id: int, amount: int, *, sent_at: float, report: str, work_ms: float = 0
+) -> None:
+    if work_ms:
+        time.sleep(work_ms / 1000)  # the body's own work (an API call, say) before its write
     _rows().filter(pk=account_id).fenced_update(balance=amount)
 
 
 @shared_task(name=UNFENCED)
-def e2e_unfenced(account_id: int, amount: int, *, sent_at: float, report: str) -> None:
+def e2e_unfenced(
+    account_id: int, amount: int, *, sent_at: float, report: str, work_ms: float = 0
+) -> None:
+    if work_ms:
+        time.sleep(work_ms / 1000)
     _rows().filter(pk=account_id).update(balance=amount)
 
 

@@ -72,6 +72,7 @@ class BenchConfig:
     wakeup_samples: int = 30
     fair_threads: int = 8
     celery_rounds: int = 400
+    celery_work_ms: float = 10.0
     statement_cycles: int = 3000
     celery: bool = True
     # The cycle systems to run (None: all); the floors always run, as every
@@ -1314,12 +1315,17 @@ def celery_suite(config: BenchConfig, alias: str, progress: Callable[[str], None
     if why_not:
         end_to_end: dict[str, Any] = {"skipped": why_not}
         persistent: dict[str, Any] = {"skipped": why_not}
+        working: dict[str, Any] = {"skipped": why_not}
     else:
         end_to_end = celery_worker_suite(config, alias, progress)
         persistent = celery_worker_suite(config, alias, progress, reuse_connections=True)
+        working = celery_worker_suite(
+            config, alias, progress, reuse_connections=True, work_ms=config.celery_work_ms
+        )
     return {
         "end_to_end": end_to_end,
         "end_to_end_persistent": persistent,
+        "end_to_end_persistent_working": working,
         "in_process": celery_apply_suite(config, alias, progress),
     }
 
@@ -1330,8 +1336,11 @@ def celery_worker_suite(
     progress: Callable[[str], None],
     *,
     reuse_connections: bool = False,
+    work_ms: float = 0,
 ) -> dict[str, Any]:
     """Fenced and unfenced tasks through Redis and one real ``celery worker`` (solo pool).
+
+    ``work_ms``: the body's own work before its one-row write (a sleep).
 
     The tasks are ``project.lab.bench_tasks``; the worker writes the bench tables
     (their settings travel in an environment variable). Alternating rounds, each
@@ -1385,6 +1394,7 @@ def celery_worker_suite(
     progress(
         "celery tasks through Redis and a worker, fenced and unfenced, "
         + ("connections kept" if reuse_connections else "a new connection per task")
+        + (f", a {work_ms:g} ms body" if work_ms else ", a one-row body")
     )
     def stop(signum: int, frame: Any) -> None:
         raise SystemExit(128 + signum)  # runs the finally below, which stops the worker
@@ -1406,7 +1416,7 @@ def celery_worker_suite(
         amount += 1
         producer.send_task(
             names[name], args=(row.pk, amount), queue=queue,
-            kwargs={"sent_at": time.time(), "report": report},
+            kwargs={"sent_at": time.time(), "report": report, "work_ms": work_ms},
         )
 
     def collect(count: int, timeout: float) -> list[tuple[float, float]]:
@@ -1471,7 +1481,9 @@ def celery_worker_suite(
             producer.close()
     result: dict[str, Any] = {
         "how": "Redis broker, one celery worker (solo pool); the same lock key and row for all; "
-        + ("connection kept across tasks" if reuse_connections else "a new connection per task"),
+        + ("connection kept across tasks" if reuse_connections else "a new connection per task")
+        + (f"; the body works {work_ms:g} ms before its write" if work_ms else "; a one-row body"),
+        "work_ms": work_ms,
     }
     for name, values in latency.items():
         values.sort()
@@ -1717,7 +1729,7 @@ def table(results: dict[str, Any]) -> str:
             lines.append(f"celery: skipped ({celery['skipped']})")
         else:
             lines.append("celery task, fenced against the same task writing with update()")
-            for part in ("end_to_end", "end_to_end_persistent"):
+            for part in ("end_to_end", "end_to_end_persistent", "end_to_end_persistent_working"):
                 worker = celery.get(part)
                 if worker is None:
                     continue

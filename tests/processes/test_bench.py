@@ -112,9 +112,12 @@ def test_quick_bench_writes_json_table_and_chart(tmp_path: Path) -> None:
         assert 0 <= row["grants_per_thread_min"] <= row["grants_per_thread_max"]
         assert row["grants_per_thread_max"] >= 1
     celery = results["celery"]
-    assert set(celery) == {"end_to_end", "end_to_end_persistent", "in_process"}
+    assert set(celery) == {
+        "end_to_end", "end_to_end_persistent", "end_to_end_persistent_working", "in_process"
+    }
+    assert celery["end_to_end_persistent_working"].get("work_ms", 10) == 10
     assert celery["in_process"]["fenced"]["tasks"] > 0 and celery["in_process"]["fenced_over_unfenced"] > 0
-    for part in ("end_to_end", "end_to_end_persistent"):
+    for part in ("end_to_end", "end_to_end_persistent", "end_to_end_persistent_working"):
         worker = celery[part]
         if os.environ.get("COORDINATION_TEST_REDIS_URL"):  # CI provides Redis: the worker ran
             for variant in ("fenced", "unfenced"):
