@@ -2,9 +2,10 @@
 Prometheus metrics."""
 
 from django.contrib import admin
-from django.urls import include, path
+from django.urls import include, path, re_path
 from django.views.generic import RedirectView
 
+from coordination.api.views import no_endpoint
 from coordination.metrics import metrics_view
 
 from .login_throttle import admin_login
@@ -16,5 +17,7 @@ urlpatterns = [
     path("admin/login/", admin_login, name="admin-login"),
     path("admin/", admin.site.urls),
     path("api/", include("coordination.api.urls")),
+    # The API's root without its slash: the API's JSON 404, not an HTML redirect.
+    re_path(r"^api$", no_endpoint),
     path("metrics", metrics_view, name="metrics"),
 ]

@@ -141,6 +141,15 @@ def test_every_api_path_in_its_other_slash_form_answers_json_and_never_301(
         assert body in ({}, {**body, "code": "not_found"})
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_the_api_root_without_its_slash_answers_json_and_never_301(method: str) -> None:
+    response = getattr(full_client(), method)("/api", {}, format="json")
+
+    assert response.status_code == 404, response.status_code
+    body = assert_json_error_shape(response, method)
+    assert body in ({}, {**body, "code": "not_found"})
+
+
 def test_the_sweep_covers_every_collection_and_the_schema() -> None:
     routes = api_routes()
     assert {"/api/locks/", "/api/fences/", "/api/rejections/", "/api/schema/"} <= set(routes)
