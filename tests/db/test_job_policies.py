@@ -41,6 +41,8 @@ def fresh_policies(settings: Any) -> Any:
     settings.COORDINATION = {**settings.COORDINATION, "JOB_POLICY_REFRESH": 0}
     jobs.clear_cache()
     ran.clear()
+    if HAS_DJANGO_TASKS:
+        leases.clear()
     yield
     jobs.clear_cache()
 
@@ -335,3 +337,89 @@ def test_the_django_tasks_twin_defers_a_paused_run_by_enqueueing_it_again(settin
     [again] = task_backends["default"].results
     assert again.task.run_after is not None and again.args == ["i"]
     assert JobTally.objects.get(task=TWIN, outcome="deferred").count == 1
+
+
+# --- async bodies: the same policy on the event loop ----------------------------------
+
+if HAS_DJANGO_TASKS:
+
+    @contrib_tasks.fenced_task(lock="report:{name}", ttl=5, on_busy="skip")
+    async def async_report(name: str) -> str:
+        ran.append(name)
+        grant = locks.current_grant()
+        assert grant is not None
+        return f"{grant.key}#{grant.token}"
+
+    ASYNC = f"{async_report.func.__module__}.{async_report.func.__qualname__}"
+
+    leases: list[float] = []
+
+    @contrib_tasks.fenced_task(lock="report:{name}", ttl=5)
+    async def measured_lease(name: str) -> None:
+        grant = locks.current_grant()
+        assert grant is not None
+        leases.append((grant.expires_at - grant.acquired_at).total_seconds())
+
+    MEASURED = f"{measured_lease.func.__module__}.{measured_lease.func.__qualname__}"
+
+
+@needs_django_tasks
+def test_an_async_task_paused_to_skip_runs_no_body_and_is_tallied() -> None:
+    policy(task=ASYNC, paused=True, when_paused="skip")
+
+    outcome = async_report.call("a")
+
+    assert outcome["reason"] == "paused" and ran == []
+    assert JobTally.objects.get(task=ASYNC, outcome="skipped").count == 1
+
+
+@needs_django_tasks
+def test_an_async_task_deferred_by_its_policy_is_enqueued_again(settings: Any) -> None:
+    """As the sync twin; the enqueue runs on the app's thread pool, where the
+    dummy backend is another instance, so the test hears it by signal."""
+    from django.tasks.signals import task_enqueued
+
+    settings.TASKS = {"default": {"BACKEND": "django.tasks.backends.dummy.DummyBackend"}}
+    policy(task=ASYNC, paused=True, defer_seconds=30)
+    enqueued: list[Any] = []
+
+    def heard(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        enqueued.append(task_result)
+
+    task_enqueued.connect(heard)
+    try:
+        outcome = async_report.call("b")
+    finally:
+        task_enqueued.disconnect(heard)
+
+    assert outcome["coordination"] == "deferred" and ran == []
+    [again] = enqueued
+    assert again.task.run_after is not None and again.args == ["b"]
+    assert again.id in outcome["detail"]
+    assert JobTally.objects.get(task=ASYNC, outcome="deferred").count == 1
+
+
+@needs_django_tasks
+def test_an_async_task_capped_by_max_running_skips_while_every_permit_is_held() -> None:
+    policy(task=ASYNC, max_running=1)
+    elsewhere = acquire_permit(jobs.permit_name(ASYNC), limit=1, holder="another run", ttl=30)
+
+    busy = async_report.call("c")
+
+    assert busy["reason"] == "lock_held" and ran == []
+    assert JobTally.objects.get(task=ASYNC, outcome="skipped").count == 1
+    locks.release(elsewhere)
+    key_and_token = async_report.call("c")
+    assert key_and_token.startswith("report:c#") and ran == ["c"]
+    # The execution's permit was released with its grant: the next run gets it.
+    assert async_report.call("c").startswith("report:c#") and ran == ["c", "c"]
+    assert not Lock.objects.filter(key__startswith=jobs.permit_name(ASYNC), holder__gt="").exists()
+
+
+@needs_django_tasks
+def test_an_async_task_takes_the_ttl_override_of_its_policy() -> None:
+    policy(task=MEASURED, ttl=42)
+
+    measured_lease.call("e")
+
+    assert len(leases) == 1 and 41 <= leases[0] <= 43  # the policy's 42 s, not the decorator's 5
