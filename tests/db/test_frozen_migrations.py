@@ -104,3 +104,21 @@ def test_old_trigger_migrations_keep_their_own_sql() -> None:
     assert "coordination_fence_watermark_not_lowered" in sql_0007
     assert "coordination_tokenfloor" not in sql_0007
     assert "coordination_tokenfloor" in " ".join(frozen["0008_token_floor.triggers"].statements)
+
+
+@pytest.mark.postgres
+def test_a_migration_goes_on_where_the_app_may_not_create_functions() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE ROLE coordination_frozen_no_functions NOLOGIN")
+        cursor.execute("GRANT USAGE ON SCHEMA public TO coordination_frozen_no_functions")
+        cursor.execute("SET LOCAL ROLE coordination_frozen_no_functions")
+    try:
+        ran = dialect_of(connection).run_migration_sql(connection, "0014_release_without_flush_wait")
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("RESET ROLE")
+    assert ran is False
+    # The refused statements were in a savepoint: the migration's transaction goes on.
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+        assert cursor.fetchone() == (1,)
