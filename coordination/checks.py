@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -12,24 +11,20 @@ from django.apps import AppConfig, apps
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 
-from .backends import GRANT_POINTS
+from .backends import GRANT_POINTS, dialect_for_settings
 from .conf import DEFAULTS, app_settings
-
-SUPPORTED_VENDORS = {"postgresql", "sqlite"}
-
 
 # Checks that read only settings and code are registered without the ``database``
 # tag, so plain ``manage.py check``, ``runserver``, ``migrate`` and a fenced Celery
 # worker's start run them (Django runs database-tagged checks only when asked to
 # with ``check --database``). Only W004, W005 and W006 read the database.
 
-SQLITE_OPTIONS = {"transaction_mode": "IMMEDIATE", "timeout": 30, "init_command": "PRAGMA journal_mode=WAL;"}
-
-
 @register(Tags.compatibility)
 def check_database(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
-    """E001: the grant point's database must be PostgreSQL or SQLite; E004: SQLite needs
-    IMMEDIATE transactions; W002: ATOMIC_REQUESTS on it."""
+    """E001: the grant point's database must have a backend of its own (PostgreSQL or
+    SQLite: elsewhere no trigger keeps watermarks from going down); E004: SQLite
+    needs IMMEDIATE transactions; W002: ATOMIC_REQUESTS on it. What the database
+    asks of its settings is its backend's (``Dialect.check_settings``)."""
     messages: list[CheckMessage] = []
     alias = app_settings.DATABASE
     config = settings.DATABASES.get(alias)
@@ -41,32 +36,7 @@ def check_database(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
                 id="coordination.E001",
             )
         ]
-    engine = str(config.get("ENGINE", ""))
-    vendor = "postgresql" if "postgres" in engine else "sqlite" if "sqlite" in engine else engine
-    if vendor not in SUPPORTED_VENDORS:
-        messages.append(
-            Error(
-                f"Database {alias!r} uses {engine}; coordination supports PostgreSQL and SQLite.",
-                hint="Point COORDINATION['DATABASE'] at a PostgreSQL database.",
-                id="coordination.E001",
-            )
-        )
-    if vendor == "sqlite":
-        mode = str(config.get("OPTIONS", {}).get("transaction_mode", "")).upper()
-        if mode not in {"IMMEDIATE", "EXCLUSIVE"}:
-            # A deferred transaction reads the token counter under a shared lock and
-            # fails to upgrade it when another writer got there first: under load most
-            # grants then fail with "database is locked" instead of waiting their turn.
-            messages.append(
-                Error(
-                    f"SQLite database {alias!r} (the grant point's, COORDINATION['DATABASE']) does not "
-                    "use IMMEDIATE transactions: concurrent grants fail with 'database is locked'.",
-                    hint=f'Set DATABASES["{alias}"]["OPTIONS"] = {json.dumps(SQLITE_OPTIONS)} '
-                    "(IMMEDIATE takes the write lock before the token counter is read; "
-                    "the timeout lets a grant wait its turn; WAL keeps readers unblocked).",
-                    id="coordination.E004",
-                )
-            )
+    messages.extend(dialect_for_settings(config).check_settings(alias, config))
     if config.get("ATOMIC_REQUESTS"):
         messages.append(
             Warning(
@@ -552,24 +522,18 @@ def check_promotion_guard(
     """
     from django.db import DatabaseError, connections
 
-    from .backends import get_backend
-    from .backends.postgresql import FAILOVER_GUARD_FUNCTION
+    from .backends import dialect_of
 
     alias = app_settings.DATABASE
-    if not databases or alias not in databases or connections[alias].vendor != "postgresql":
+    if not databases or alias not in databases:
         return []
     try:
-        with connections[alias].cursor() as cursor:
-            cursor.execute(
-                "SELECT (SELECT count(*) FROM pg_stat_replication), "
-                "current_setting('synchronous_standby_names') <> '' "
-                "AND current_setting('synchronous_commit') NOT IN ('off', 'local'), "
-                f"to_regprocedure('{FAILOVER_GUARD_FUNCTION}(bigint, bigint)') IS NOT NULL"
-            )
-            replicas, synchronous, guard_installed = cursor.fetchone()
+        replication = dialect_of(connections[alias]).replication(connections[alias])
     except DatabaseError:  # not reachable: nothing to say about it
         return []
-    guarded = guard_installed and get_backend(alias).name == "postgresql"
+    if replication is None:  # no replicas to speak of, nor a promotion guard
+        return []
+    replicas, synchronous, guard_installed, guarded = replication
     if not replicas or synchronous or guarded:
         return []
     why = (

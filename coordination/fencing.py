@@ -53,7 +53,7 @@ from django.db.models.lookups import Exact, IntegerFieldExact
 from django.db.models.sql.where import AND, WhereNode
 
 from . import aio, results, signals, watermarks
-from .backends import get_backend
+from .backends import Dialect, dialect_of, get_backend
 from .conf import app_settings
 from .exceptions import (
     CoordinationError,
@@ -166,7 +166,7 @@ class FencedQuerySet(models.QuerySet[_Model]):
         queryset: Any = self  # _db and _hints are QuerySet's own, not in the stubs
         alias = queryset._db or router.db_for_write(model, **queryset._hints)
         connection = connections[alias]
-        statement = _fenced_statement(model, alias, connection.vendor, tuple(values), tuple(binding))
+        statement = _fenced_statement(model, alias, dialect_of(connection), tuple(values), tuple(binding))
         admitted: models.QuerySet[Any] | None = None
         # A refused write changes nothing, and the watermark only rises, so a
         # refusal found by the reads below still holds; the loop is for a row
@@ -383,14 +383,14 @@ _EXACT_LOOKUPS = frozenset({Exact, IntegerFieldExact})
 
 @lru_cache(maxsize=256)
 def _fenced_statement(
-    model: type[models.Model], alias: str, vendor: str, names: tuple[str, ...],
+    model: type[models.Model], alias: str, dialect: Dialect, names: tuple[str, ...],
     binding: tuple[str, ...],
 ) -> _FencedStatement | None:
     """The statement of fenced writes of ``names`` to ``model`` on ``alias`` under a
     lock key binding ``binding``, or None if some part needs Django's ``update()``:
     a field in a parent table (multi-table inheritance: ``update()`` writes it
     with a second UPDATE), a generated or non-concrete one, one with its own
-    placeholder SQL, or a binding through a relation. ``vendor`` is in the key
+    placeholder SQL, or a binding through a relation. ``dialect`` is in the key
     because the alias's connection may be replaced (tests, settings changes)."""
     meta = model._meta
     columns = _binding_columns(model, binding)
@@ -1149,14 +1149,7 @@ def _idle_bound(seconds: float | None) -> float | None:
 def _set_idle_timeout(alias: str, seconds: float) -> None:
     """PostgreSQL: end this transaction's session once it idles ``seconds`` between
     statements (``SET LOCAL``: the transaction's alone, reset by its end)."""
-    connection = connections[alias]
-    if connection.vendor != "postgresql":
-        return
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT set_config('idle_in_transaction_session_timeout', %s, true)",
-            [f"{max(1, round(seconds * 1000))}ms"],
-        )
+    dialect_of(connections[alias]).bound_idle_transaction(connections[alias], seconds)
 
 
 @contextmanager

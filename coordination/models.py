@@ -225,11 +225,6 @@ class Lock(models.Model):
         return LockState.HELD if self.expires_at > now else LockState.EXPIRED
 
 
-# The timeline this PostgreSQL server writes WAL on, read as the promotion
-# guard reads it: the first 8 hex digits of the current WAL file's name.
-CURRENT_TIMELINE_SQL = "('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::integer"
-
-
 class TokenFloorQuerySet(models.QuerySet["TokenFloor"]):
     """The token floor's one row: read it, raise it; never lower it."""
 
@@ -259,26 +254,12 @@ class TokenFloorQuerySet(models.QuerySet["TokenFloor"]):
 
     def ensure_row(self) -> None:
         """Make the floor's row if it is missing (a flushed test database, a row
-        deleted by hand), at 0.
+        deleted by hand), at 0, as the database's backend makes it (PostgreSQL
+        records the current timeline with it, so no grant's promotion guard has
+        to lock the row to record one)."""
+        from .backends import dialect_of
 
-        On PostgreSQL the row records the current timeline in the same
-        statement, as migration 0012 recorded it on the row every database
-        has. A row that appeared without one ("none recorded yet") would make
-        the promotion guard of the next grants lock it to record one, and an
-        ``acquire_many`` whose guard ran before the row existed would take that
-        row lock after its first lock rows: a deadlock with another set whose
-        guard locked the row first and waits for those lock rows."""
-        connection = connections[self.db]
-        if connection.vendor != "postgresql":
-            self.bulk_create([TokenFloor(pk=TokenFloor.ROW)], ignore_conflicts=True)
-            return
-        table = connection.ops.quote_name(TokenFloor._meta.db_table)
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"INSERT INTO {table} (id, token, timeline) VALUES (%s, 0, {CURRENT_TIMELINE_SQL}) "
-                "ON CONFLICT (id) DO NOTHING",
-                [TokenFloor.ROW],
-            )
+        dialect_of(connections[self.db]).ensure_token_floor_row(self.db)
 
 
 class TokenFloor(models.Model):

@@ -43,9 +43,9 @@ from django.apps import apps
 from django.core.exceptions import FieldDoesNotExist
 from django.db import connections, models, router, transaction
 from django.db.models import F, Q
-from django.db.models.functions import Collate
 
 from . import locks
+from .backends import dialect_of
 from .conf import app_settings
 from .exceptions import CoordinationError, InvalidInput, TokenExhausted
 from .fencing import _PLACEHOLDER, FencedModel, lock_binding, raise_fence_to_lock
@@ -254,11 +254,8 @@ def _bump_free_locks(pks: list[int], by: int, alias: str) -> list[str]:
 
 
 def _codepoint_order(field: str, alias: str) -> Any:
-    """``field`` ordered by codepoint: PostgreSQL's "C" collation (its default may
-    sort case and punctuation otherwise); SQLite's default already is."""
-    if connections[alias].vendor == "postgresql":
-        return Collate(F(field), "C")
-    return F(field)
+    """``field`` ordered by codepoint, as Python sorts strings."""
+    return dialect_of(connections[alias]).codepoint_order(field)
 
 
 def _revoke_then_bump(key: str, by: int, alias: str, say: Say, attempts: int = 5) -> None:

@@ -15,6 +15,12 @@ other         ORM ``select_for_update`` (``orm``)    the same
 
 The choice is kept per alias until ``COORDINATION`` or ``DATABASES`` change
 (``setting_changed``, as ``override_settings`` sends).
+
+The rest of what a backend knows of its database is its
+:class:`~coordination.backends.dialect.Dialect` (:func:`dialect_of`): the
+module docstring of ``coordination.backends.dialect`` lists what a backend for
+a new database implements. Migrations run their frozen SQL through
+:func:`run_migration_sql`.
 """
 
 from __future__ import annotations
@@ -24,12 +30,25 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.base.schema import BaseDatabaseSchemaEditor
 from django.dispatch import receiver
+from django.utils.module_loading import import_string
 
 from ..conf import app_settings
 from .base import GrantPoint
+from .dialect import Dialect
 
-__all__ = ["GRANT_POINTS", "GrantPoint", "get_backend"]
+__all__ = [
+    "DIALECTS",
+    "GRANT_POINTS",
+    "Dialect",
+    "GrantPoint",
+    "dialect_for_settings",
+    "dialect_of",
+    "get_backend",
+    "run_migration_sql",
+]
 
 GRANT_POINTS: tuple[str | None, ...] = (None, "auto", "orm")
 """The values ``COORDINATION["GRANT_POINT"]`` accepts."""
@@ -57,20 +76,49 @@ def _select(alias: str) -> GrantPoint:
             f"COORDINATION['GRANT_POINT'] is {choice!r}; use None or 'auto' (the database's "
             "own grant point) or 'orm' (the portable select_for_update transaction)."
         )
-    portable = choice == "orm"
-    # The only place a database vendor picks code: each backend holds the rest.
-    vendor = connections[alias].vendor
-    if vendor == "postgresql":
-        from .postgresql import PostgreSQLGrantPoint, PostgreSQLOrmGrantPoint
+    return dialect_of(connections[alias]).grant_point(alias, portable=choice == "orm")
 
-        return (PostgreSQLOrmGrantPoint if portable else PostgreSQLGrantPoint)(alias)
-    if vendor == "sqlite":
-        from .sqlite import SQLiteGrantPoint
 
-        return SQLiteGrantPoint(alias)
-    from .orm import OrmGrantPoint
+# --- the one place a database vendor picks code -------------------------------------
 
-    return OrmGrantPoint(alias)
+DIALECTS: dict[str | None, str] = {
+    "postgresql": "coordination.backends.postgresql.PostgreSQLDialect",
+    "sqlite": "coordination.backends.sqlite.SQLiteDialect",
+    None: "coordination.backends.orm.OrmDialect",
+}
+"""The dialect of each database vendor Django names; None: any other database."""
+
+_dialects: dict[str | None, Dialect] = {}
+
+
+def dialect_of(connection: BaseDatabaseWrapper) -> Dialect:
+    """The dialect of ``connection``'s database (the portable one for an unknown
+    database). Opens no connection."""
+    return _dialect(connection.vendor)
+
+
+def dialect_for_settings(config: dict[str, Any]) -> Dialect:
+    """The dialect of a ``DATABASES`` entry, read from its ENGINE alone: for the
+    system checks, which load no database driver."""
+    engine = str(config.get("ENGINE", ""))
+    vendor = "postgresql" if "postgres" in engine else "sqlite" if "sqlite" in engine else None
+    return _dialect(vendor)
+
+
+def _dialect(vendor: str | None) -> Dialect:
+    dialect = _dialects.get(vendor)
+    if dialect is None:
+        path = DIALECTS.get(vendor, DIALECTS[None])
+        dialect = _dialects.setdefault(vendor, import_string(path)())
+    return dialect
+
+
+def run_migration_sql(schema_editor: BaseDatabaseSchemaEditor, step: str) -> bool:
+    """Run the SQL migration ``step`` froze for the migrated database, if any
+    (a migration is history: editing today's SQL never changes an old one).
+    True if it ran."""
+    connection = schema_editor.connection
+    return dialect_of(connection).run_migration_sql(connection, step)
 
 
 @receiver(setting_changed)

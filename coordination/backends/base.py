@@ -22,7 +22,7 @@ import datetime as dt
 import secrets
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any, ClassVar, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
 
 from django.db import connections, models, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -41,6 +41,9 @@ from ..models import (
     TokenFloor,
     lease_matches,
 )
+
+if TYPE_CHECKING:
+    from .dialect import Dialect
 
 __all__ = [
     "WAKE_UP_CHANNEL",
@@ -296,8 +299,8 @@ class Listener(Protocol):
 
 IDLE_BOUND = 5.0
 """Seconds a grant point's own transaction may wait for its client's next
-statement on PostgreSQL (its statements follow each other within milliseconds;
-only a paused or hung client waits that long)."""
+statement, where the database bounds that (its statements follow each other
+within milliseconds; only a paused or hung client waits that long)."""
 
 
 class GrantPoint(abc.ABC):
@@ -437,7 +440,8 @@ class GrantPoint(abc.ABC):
     def transaction(self) -> Iterator[BaseDatabaseWrapper]:
         """A transaction of the grant point's own, committed when the block ends.
 
-        It holds the lock row(s) it decides on. On PostgreSQL it may wait at most
+        It holds the lock row(s) it decides on. Where the database bounds it
+        (:meth:`Dialect.bound_idle_transaction`, PostgreSQL) it may wait at most
         ``IDLE_BOUND`` seconds for the client's next statement: a client paused
         inside it (SIGSTOP, a GC or VM pause) has its session ended by the
         server, the transaction rolled back and the rows freed, instead of
@@ -447,12 +451,7 @@ class GrantPoint(abc.ABC):
         connection = self.connection
         refuse_in_caller_transaction(connection)
         with transaction.atomic(using=self.alias, durable=True):
-            if connection.vendor == "postgresql":
-                with connection.cursor() as cursor:
-                    cursor.execute(
-                        "SELECT set_config('idle_in_transaction_session_timeout', %s, true)",
-                        [f"{round(IDLE_BOUND * 1000)}ms"],
-                    )
+            self.dialect.bound_idle_transaction(connection, IDLE_BOUND)
             yield connection
 
     # --- waking waiters ----------------------------------------------------------
@@ -488,6 +487,15 @@ class GrantPoint(abc.ABC):
             _insert_on_own_connection(record, self.alias)
         else:
             record.save(using=self.alias)
+
+    # --- the database's dialect --------------------------------------------------------
+
+    @property
+    def dialect(self) -> Dialect:
+        """The hooks of this alias's database (:mod:`coordination.backends.dialect`)."""
+        from . import dialect_of
+
+        return dialect_of(self.connection)
 
 
 def _insert_on_own_connection(record: models.Model, alias: str) -> None:

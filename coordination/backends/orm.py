@@ -17,11 +17,16 @@ where the app may not create functions); SQLite runs it under BEGIN IMMEDIATE
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
+from typing import Any
 
+from django.core.checks import CheckMessage, Error
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import F
 
 from ..leases import Lease
 from ..models import Grant, GrantEnd, Lock, Ticket, TokenFloor, hash_lease_id
+from ..watermarks import WatermarkTriggers
 from .base import (
     Acquired,
     Ended,
@@ -35,8 +40,9 @@ from .base import (
     new_lease_id,
     next_token,
 )
+from .dialect import Dialect, Replication, WatermarksNotEnforced
 
-__all__ = ["OrmGrantPoint"]
+__all__ = ["OrmDialect", "OrmGrantPoint"]
 
 
 class OrmGrantPoint(GrantPoint):
@@ -192,3 +198,52 @@ def locked_row(alias: str, key: str, *, create: bool = False) -> Lock | None:
         # that made the insert a no-op may be pruned before it is locked
         # (coordination.pruning): then look again, and make it again.
         Lock.objects.using(alias).bulk_create([Lock(key=key)], ignore_conflicts=True)
+
+
+# --- the dialect of a database without a backend of its own ---------------------------
+
+
+class OrmDialect(Dialect):
+    """A database with no backend of its own: the portable grant point, and no
+    watermark triggers (system check ``coordination.E001`` says so, and
+    installing them raises ``WatermarksNotEnforced``)."""
+
+    name = "orm"
+
+    def grant_point(self, alias: str, *, portable: bool) -> GrantPoint:
+        return OrmGrantPoint(alias)
+
+    def watermark_triggers(self, connection: BaseDatabaseWrapper) -> WatermarkTriggers:
+        raise WatermarksNotEnforced(
+            f"database {connection.alias!r} ({connection.display_name}) has no watermark "
+            "triggers in coordination: nothing there would refuse an UPDATE that lowers a "
+            "watermark or a token counter (rule 8 of docs/rules.md). Keep the lock and "
+            "fenced tables on PostgreSQL or SQLite, or add a backend for this database "
+            "(coordination/backends/dialect.py lists what it implements)."
+        )
+
+    def bound_idle_transaction(self, connection: BaseDatabaseWrapper, seconds: float) -> None:
+        return None  # no server-side bound: a paused client keeps its rows locked
+
+    def ensure_token_floor_row(self, alias: str) -> None:
+        TokenFloor.objects.using(alias).bulk_create(
+            [TokenFloor(pk=TokenFloor.ROW)], ignore_conflicts=True
+        )
+
+    def codepoint_order(self, field: str) -> Any:
+        return F(field)
+
+    def check_settings(self, alias: str, config: Mapping[str, Any]) -> list[CheckMessage]:
+        engine = str(config.get("ENGINE", ""))
+        return [
+            Error(
+                f"Database {alias!r} uses {engine}; coordination supports PostgreSQL and SQLite. "
+                "Elsewhere its grants would run on the portable ORM grant point, but nothing "
+                "in the database would keep watermarks and token counters from going down.",
+                hint="Point COORDINATION['DATABASE'] at a PostgreSQL database.",
+                id="coordination.E001",
+            )
+        ]
+
+    def replication(self, connection: BaseDatabaseWrapper) -> Replication | None:
+        return None

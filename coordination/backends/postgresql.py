@@ -1,27 +1,18 @@
 """The grant point on PostgreSQL: one PL/pgSQL function call per acquire and release.
 
-``acquire()`` and ``release()`` each call one function (installed by migration
-0006, re-created with the token floor by 0008: :func:`install`): one round
-trip, one transaction (the call's own autocommit statement), and the plans of
-the statements inside are cached by the server per connection, with no named
+``acquire()`` and ``release()`` each call one function (today's are those
+:func:`install` creates; each migration that created them ran its own frozen
+copy, :mod:`coordination.backends.postgresql_frozen`): one round trip, one
+transaction (the call's own autocommit statement), and the plans of the
+statements inside are cached by the server per connection, with no named
 prepared statement a transaction-pooling proxy could lose. Renew and revoke
 are the ORM transaction of :mod:`coordination.backends.orm`.
 
-Why the acquire is safe: its upsert (``INSERT ... ON CONFLICT (key) DO
-UPDATE ... WHERE <grantable>``) locks the key's row before it evaluates the
-WHERE and the SET, on the latest committed row version, exactly as ``SELECT
-... FOR UPDATE`` would; ``clock_timestamp()`` is therefore read after the row
-lock is held. The row lock is kept until the function's transaction commits,
-so the token counter and the grant row commit together and whoever holds the
-row lock is the only one deciding. In READ COMMITTED every later statement of
-a VOLATILE function takes a new snapshot: the grant of the previous token,
-whose transaction committed before this one could lock the row, is visible to
-the statement that closes it. The WHERE is the SQL twin of
-:func:`coordination.backends.base.grant_refusal`, and the token it issues is
-:func:`~coordination.backends.base.next_token`'s: above the key's counter and
-above the token floor, read once per call from its one-row table (no extra
-round trip; rule 8 of docs/rules.md), and read again when the grant created
-the key's row, so a key whose row a prune deleted starts above its last token.
+The acquire's upsert locks the key's row before it decides, and reads the
+database clock after that; the token counter and the grant row commit
+together (why this is safe: docs/operations.md). Its WHERE is the SQL twin of
+:func:`coordination.backends.base.grant_refusal`, and its token is
+:func:`~coordination.backends.base.next_token`'s.
 
 Waiters are woken with LISTEN/NOTIFY, by both PostgreSQL backends (this one and
 the ORM transaction chosen with ``COORDINATION["GRANT_POINT"] = "orm"``).
@@ -32,23 +23,40 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Mapping
 from contextlib import suppress
 from typing import Any
 from weakref import WeakKeyDictionary, WeakSet
 
+from django.core.checks import CheckMessage
 from django.core.exceptions import ImproperlyConfigured
-from django.db import DatabaseError, ProgrammingError, models, transaction
+from django.db import DatabaseError, ProgrammingError, connections, models, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import F
+from django.db.models.functions import Collate
 
 from ..conf import app_settings
 from ..exceptions import LeaseLost, TokenExhausted
 from ..leases import Lease
 from ..models import MAX_TOKEN, GrantEnd, hash_lease_id
+from ..watermarks import (
+    ALL_RULES,
+    HIGHEST_STEP,
+    KEPT,
+    MUST_RISE,
+    NOT_LOWERED,
+    RESTORED,
+    TOMBSTONES,
+    Watermark,
+    WatermarkTriggers,
+    fingerprint,
+    sql_literal,
+)
 from .base import (
     WAKE_UP_CHANNEL,
     Acquired,
     Ended,
+    GrantPoint,
     Listener,
     LockSnapshot,
     TakenOver,
@@ -59,7 +67,9 @@ from .base import (
     new_lease_id,
     refuse_in_caller_transaction,
 )
+from .dialect import Dialect, Replication
 from .orm import OrmGrantPoint
+from .postgresql_frozen import MIGRATION_SQL
 
 __all__ = [
     "ACQUIRE_FUNCTION",
@@ -67,8 +77,10 @@ __all__ = [
     "FAILOVER_GUARD_FUNCTION",
     "FAILOVER_MARGIN",
     "RELEASE_FUNCTION",
+    "PostgreSQLDialect",
     "PostgreSQLGrantPoint",
     "PostgreSQLOrmGrantPoint",
+    "PostgreSQLWatermarkTriggers",
     "install",
     "install_for_models",
 ]
@@ -86,8 +98,7 @@ RELEASE_FUNCTION = "coordination_release"
 #
 # The token is one above the key's counter and above the token floor (rule 8 of
 # docs/rules.md; base.next_token): a key never granted starts at floor + 1.
-# {read_floor} is how the floor is read (READ_FLOOR, or 0 where the schema has
-# no floor yet). It is read once, before the upsert, in the call's own
+# {read_floor} is how the floor is read (READ_FLOOR). It is read once, before the upsert, in the call's own
 # statement snapshot: a floor committed before the call began is seen; and
 # again, after the upsert, when the token is the one above that read (see the
 # comment there: a prune raising the floor as it deletes the key's row).
@@ -209,19 +220,10 @@ $fn$
 # concurrent first grants do it once (the others wait, then find the timeline
 # recorded and the raised floor committed).
 #
-# The bound: the old primary can have issued at most one token per grant it
-# committed and the replica never received. Patroni promotes only a replica
-# whose lag is below maximum_lag_on_failover (1 MiB by default) as last
-# reported, plus what the old primary wrote in its last loop_wait; a grant
-# writes well over 100 bytes of WAL (the lock row, the grant row, the commit),
-# so that is thousands to a few million grants, far below FAILOVER_MARGIN.
-#
-# The current timeline costs one shared-memory read: it is the first eight hex
-# digits of the name of the WAL file being written (pg_walfile_name uses the
-# WAL insertion timeline, which changes when the promotion ends, before the
-# server accepts writes; pg_control_checkpoint() would lag until the first
-# checkpoint on the new timeline). Every grant pays that and a primary-key read
-# of the floor's row; a missing row (a flushed test database) records nothing.
+# FAILOVER_MARGIN bounds the grants an old primary can have committed that the
+# promoted replica never received (the bound and why it holds:
+# docs/high-availability.md). The current timeline is read from the name of the
+# WAL file being written (CURRENT_TIMELINE_SQL): one shared-memory read per grant.
 FAILOVER_GUARD_FUNCTION = "coordination_failover_guard"
 FAILOVER_MARGIN = 1_000_000_000
 CREATE_FAILOVER_GUARD_FUNCTION = """
@@ -282,8 +284,10 @@ GUARD = f"\n    PERFORM {FAILOVER_GUARD_FUNCTION}({FAILOVER_MARGIN}, p_max_token
 # How the acquire function reads the token floor: its one row, 0 if the row is
 # missing (TokenFloor.objects.value() reads it the same way).
 READ_FLOOR = "COALESCE((SELECT f.token FROM {floor} AS f WHERE f.id = 1), 0)"
-# Where the schema has no floor table yet (migrations 0006 and 0007).
-NO_FLOOR = "0"
+# The timeline the server writes WAL on: the first eight hex digits of the WAL
+# file's name (it changes when a promotion ends, before the server accepts
+# writes; pg_control_checkpoint() would lag until the first checkpoint).
+CURRENT_TIMELINE_SQL = "('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::integer"
 
 # Release does not wait for its WAL flush (synchronous_commit off for its own
 # transaction, and only when that transaction has written nothing before it: a
@@ -343,7 +347,12 @@ END
 $fn$
 """
 
-CREATE_FUNCTIONS = (CREATE_ACQUIRE_FUNCTION, CREATE_RELEASE_FUNCTION)
+# Today's functions, in the order they are created (the acquire calls the guard).
+CREATE_FUNCTIONS = (
+    CREATE_FAILOVER_GUARD_FUNCTION,
+    CREATE_ACQUIRE_FUNCTION.replace("{read_floor}", READ_FLOOR).replace("{guard}", GUARD),
+    CREATE_RELEASE_FUNCTION,
+)
 DROP_FUNCTIONS = (
     "DROP FUNCTION IF EXISTS coordination_acquire("
     "text, text, text, double precision, double precision, bigint, bigint)",
@@ -379,66 +388,35 @@ IDLE = 0  # psycopg.pq.TransactionStatus.IDLE: no transaction open
 LISTEN = f"LISTEN {WAKE_UP_CHANNEL}"
 
 
-def install(
-    connection: BaseDatabaseWrapper,
-    *,
-    lock: type[models.Model],
-    grant: type[models.Model],
-    ticket: type[models.Model],
-    floor: type[models.Model] | None,
-    guard: bool | None = None,
-) -> None:
-    """Create the functions on ``connection`` for these models' tables (the
-    app's own, or a migration's historical ones). They are dropped first, so
-    a later version may change what they return. Reads no settings.
+def install(connection: BaseDatabaseWrapper) -> None:
+    """Create today's functions on ``connection`` for the app's tables (the latest
+    migration that creates them runs the same SQL, frozen). They are dropped
+    first, so a later version may change what they return. Reads no settings."""
+    from ..models import Fence, Grant, Lock, Ticket, TokenFloor
 
-    ``floor`` is the token floor's model; None where the schema has no floor
-    table yet (migrations 0006 and 0007): the acquire then reads the floor as 0.
-    ``guard``: whether the acquire runs the promotion guard first
-    (CREATE_FAILOVER_GUARD_FUNCTION); by default, wherever the floor's row can
-    record a timeline (its ``timeline`` column, from migration 0012 on), so a
-    later migration that re-creates the functions keeps it.
-    """
-    tables = {"lock": lock, "grant": grant, "ticket": ticket}
-    read_floor = NO_FLOOR
-    if floor is not None:
-        tables["floor"] = floor
-        read_floor = READ_FLOOR
-    if guard is None:
-        guard = floor is not None and any(f.name == "timeline" for f in floor._meta.fields)
-    templates = list(CREATE_FUNCTIONS)
-    run_guard = ""
-    if guard and floor is not None:
-        # The Fence model of the same registry (the app's, or the migration's state).
-        tables["fence"] = floor._meta.apps.get_model("coordination", "Fence")
-        templates.insert(0, CREATE_FAILOVER_GUARD_FUNCTION)
-        run_guard = GUARD
+    tables = {"lock": Lock, "grant": Grant, "ticket": Ticket, "floor": TokenFloor, "fence": Fence}
     with connection.cursor() as cursor:
         for statement in DROP_FUNCTIONS:
             cursor.execute(statement)
-        for template in templates:
-            filled = template.replace("{read_floor}", read_floor).replace("{guard}", run_guard)
-            cursor.execute(format_sql(filled, connection, tables=tables))
+        for template in CREATE_FUNCTIONS:
+            cursor.execute(format_sql(template, connection, tables=tables))
 
 
-def install_if_permitted(
-    connection: BaseDatabaseWrapper,
-    *,
-    lock: type[models.Model],
-    grant: type[models.Model],
-    ticket: type[models.Model],
-    floor: type[models.Model] | None,
-    guard: bool | None = None,
-) -> bool:
+def install_if_permitted(connection: BaseDatabaseWrapper) -> bool:
     """:func:`install`, unless the database refuses the app the right to create
-    functions: then the migration goes on without them (False), and the grant
-    point must be the ORM transaction (``COORDINATION["GRANT_POINT"] = "orm"``).
-    Migrations read no settings, so this cannot be decided from them."""
+    functions: then nothing is created (False), and the grant point must be the
+    ORM transaction (``COORDINATION["GRANT_POINT"] = "orm"``)."""
+    return _permitted(connection, lambda: install(connection))
+
+
+def _permitted(connection: BaseDatabaseWrapper, create: Callable[[], object]) -> bool:
+    """Run ``create``; False if the database refused the app the right to create
+    functions (migrations read no settings, so they cannot know the grant point)."""
     try:
         # A savepoint: the refused statement must not abort the migration's
         # own transaction.
         with transaction.atomic(using=connection.alias):
-            install(connection, lock=lock, grant=grant, ticket=ticket, floor=floor, guard=guard)
+            create()
     except DatabaseError as error:
         if _sqlstate(error) != INSUFFICIENT_PRIVILEGE:
             raise
@@ -451,11 +429,8 @@ def install_if_permitted(
 
 
 def install_for_models(connection: BaseDatabaseWrapper) -> None:
-    """Create the functions for the app's current tables on ``connection``
-    (for schemas made without migrations, such as the benchmark's)."""
-    from ..models import Grant, Lock, Ticket, TokenFloor
-
-    install(connection, lock=Lock, grant=Grant, ticket=Ticket, floor=TokenFloor)
+    """:func:`install` (for schemas made without migrations, such as the benchmark's)."""
+    install(connection)
 
 
 # The lock table's rows are written on every acquire and every release, and a
@@ -474,8 +449,8 @@ UPDATE_IN_PLACE_FILLFACTOR = 80
 def leave_room_for_updates(
     connection: BaseDatabaseWrapper, *tables: type[models.Model], fillfactor: int | None = None
 ) -> None:
-    """Set the fillfactor of the tables of the models ``tables`` (migration 0015;
-    the benchmark's schemas): ``UPDATE_IN_PLACE_FILLFACTOR``, or PostgreSQL's
+    """Set the fillfactor of the tables of the models ``tables`` (the benchmark's
+    schemas; migration 0015 froze what it ran): ``UPDATE_IN_PLACE_FILLFACTOR``, or PostgreSQL's
     default with ``fillfactor=100``. A storage parameter only: the ALTER takes a
     lock that blocks neither reads nor writes, and rewrites nothing."""
     value = UPDATE_IN_PLACE_FILLFACTOR if fillfactor is None else int(fillfactor)
@@ -483,13 +458,6 @@ def leave_room_for_updates(
         for model in tables:
             table = connection.ops.quote_name(model._meta.db_table)
             cursor.execute(f"ALTER TABLE {table} SET (fillfactor = {value})")
-
-
-def drop(connection: BaseDatabaseWrapper) -> None:
-    """Drop the functions (migration 0006 backwards)."""
-    with connection.cursor() as cursor:
-        for statement in DROP_FUNCTIONS:
-            cursor.execute(statement)
 
 
 def _sqlstate(error: BaseException) -> str | None:
@@ -738,3 +706,240 @@ class PostgreSQLGrantPoint(PostgreSQLOrmGrantPoint):
         if end_reason == GrantEnd.EXPIRED:
             return Ended(GrantEnd.EXPIRED, ended_at, ended_at)
         return Ended(GrantEnd.RELEASED, ended_at or now, None)
+
+
+# --- watermark triggers (coordination.watermarks) ------------------------------------
+#
+# One function serves every trigger. It only runs when a trigger's WHEN clause
+# has already decided to refuse, so it may take its time to say why: it reads
+# the watermark and the primary key through to_jsonb(), named by the trigger's
+# arguments (constraint, primary key column, watermark columns).
+REFUSE_WATERMARK_FUNCTION = """
+CREATE OR REPLACE FUNCTION coordination_refuse_watermark() RETURNS trigger
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    before jsonb := to_jsonb(OLD);
+    after jsonb := to_jsonb(NEW);
+    columns text[] := TG_ARGV[2:TG_NARGS - 1];
+    old_mark jsonb;
+    new_mark jsonb;
+    old_shown text;
+    new_shown text;
+    shown text;
+BEGIN
+    SELECT jsonb_agg(before -> u.c ORDER BY u.n), jsonb_agg(after -> u.c ORDER BY u.n)
+    INTO old_mark, new_mark FROM unnest(columns) WITH ORDINALITY AS u(c, n);
+    -- Shown as the comparison reads them: 5, or the row (2, 1).
+    old_shown := CASE WHEN TG_NARGS = 3 THEN old_mark ->> 0
+        ELSE translate(old_mark::text, '[]', '()') END;
+    new_shown := CASE WHEN TG_NARGS = 3 THEN new_mark ->> 0
+        ELSE translate(new_mark::text, '[]', '()') END;
+    shown := format('%s: UPDATE of %s pk %s', TG_ARGV[0], TG_TABLE_NAME, before ->> TG_ARGV[1]);
+    RAISE EXCEPTION USING
+        ERRCODE = 'check_violation',
+        CONSTRAINT = TG_ARGV[0],
+        SCHEMA = TG_TABLE_SCHEMA,
+        TABLE = TG_TABLE_NAME,
+        MESSAGE = CASE WHEN TG_ARGV[0] = 'coordination_watermark_must_rise' THEN format(
+            '%s leaves the watermark (%s) at %s; the table is fenced strictly, so every '
+            'UPDATE must raise it (fenced_update or fenced_save)',
+            shown, array_to_string(columns, ', '), old_shown)
+        ELSE format(
+            '%s would lower the watermark (%s) from %s to %s; watermarks never go backwards '
+            '(rule 8 of docs/rules.md)',
+            shown, array_to_string(columns, ', '), old_shown, new_shown)
+        END,
+        DETAIL = jsonb_build_object(
+            'table', TG_TABLE_NAME, 'pk', before -> TG_ARGV[1], 'columns', to_jsonb(columns),
+            'old', old_mark, 'new', new_mark
+        )::text;
+END
+$fn$
+"""
+WATERMARK_TRIGGER = (
+    "CREATE TRIGGER {name} BEFORE UPDATE{of} ON {table} FOR EACH ROW "
+    "WHEN ({condition}) EXECUTE FUNCTION coordination_refuse_watermark({arguments})"
+)
+
+# The tombstone functions take the primary key column and the two watermark
+# columns as arguments, and read them through to_jsonb(): one function for
+# every table. A row's primary key is kept as jsonb renders it as text, the
+# same on delete and on insert.
+KEEP_WATERMARK_FUNCTION = f"""
+CREATE OR REPLACE FUNCTION coordination_keep_watermark() RETURNS trigger
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    before jsonb := to_jsonb(OLD);
+BEGIN
+    INSERT INTO {TOMBSTONES} AS kept (table_name, row_pk, fence, fence_step, deleted_at)
+    VALUES (TG_TABLE_NAME, before ->> TG_ARGV[0], (before ->> TG_ARGV[1])::bigint,
+            (before ->> TG_ARGV[2])::bigint, now())
+    ON CONFLICT (table_name, row_pk) DO UPDATE
+    SET fence = EXCLUDED.fence, fence_step = EXCLUDED.fence_step, deleted_at = EXCLUDED.deleted_at
+    WHERE (EXCLUDED.fence, EXCLUDED.fence_step) > (kept.fence, kept.fence_step);
+    RETURN NULL;
+END
+$fn$
+"""
+# BEFORE INSERT: the row is written with the restored watermark, which an
+# INSERT ... RETURNING reads back.
+RESTORE_WATERMARK_FUNCTION = f"""
+CREATE OR REPLACE FUNCTION coordination_restore_watermark() RETURNS trigger
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    after jsonb := to_jsonb(NEW);
+    kept bigint;
+BEGIN
+    SELECT t.fence INTO kept FROM {TOMBSTONES} t
+    WHERE t.table_name = TG_TABLE_NAME AND t.row_pk = after ->> TG_ARGV[0];
+    IF kept IS NOT NULL AND ((after ->> TG_ARGV[1])::bigint, (after ->> TG_ARGV[2])::bigint)
+            < (kept, {HIGHEST_STEP}) THEN
+        NEW := jsonb_populate_record(
+            NEW, jsonb_build_object(TG_ARGV[1], kept, TG_ARGV[2], {HIGHEST_STEP})
+        );
+    END IF;
+    RETURN NEW;
+END
+$fn$
+"""
+KEEP_WATERMARK_TRIGGER = (
+    "CREATE TRIGGER {name} AFTER DELETE ON {table} FOR EACH ROW "
+    "WHEN ({old} > (0, 0)) EXECUTE FUNCTION coordination_keep_watermark({arguments})"
+)
+RESTORE_WATERMARK_TRIGGER = (
+    "CREATE TRIGGER {name} BEFORE INSERT ON {table} FOR EACH ROW "
+    "EXECUTE FUNCTION coordination_restore_watermark({arguments})"
+)
+_WATERMARK_FUNCTIONS = {
+    NOT_LOWERED: ("coordination_refuse_watermark", REFUSE_WATERMARK_FUNCTION),
+    MUST_RISE: ("coordination_refuse_watermark", REFUSE_WATERMARK_FUNCTION),
+    KEPT: ("coordination_keep_watermark", KEEP_WATERMARK_FUNCTION),
+    RESTORED: ("coordination_restore_watermark", RESTORE_WATERMARK_FUNCTION),
+}
+
+
+class PostgreSQLWatermarkTriggers(WatermarkTriggers):
+    """Watermark triggers on PostgreSQL: one PL/pgSQL function per rule, shared by
+    every table; a refusal is SQLSTATE 23514 naming the rule as its constraint."""
+
+    restores_before_insert = True
+
+    # The fingerprint of a trigger's definition is kept as its comment: the
+    # server only keeps a normalised form of the statement.
+    def trigger(self, watermark: Watermark, rule: str) -> str:
+        if rule in (KEPT, RESTORED):
+            template = KEEP_WATERMARK_TRIGGER if rule == KEPT else RESTORE_WATERMARK_TRIGGER
+            return template.format(
+                name=self.quote(self.trigger_name(watermark, rule)),
+                table=self.quote(watermark.table), old=self.row("OLD", watermark),
+                arguments=", ".join(
+                    sql_literal(value) for value in (watermark.pk_column, *watermark.columns)
+                ),
+            )
+        arguments = ", ".join(
+            sql_literal(value) for value in (rule, watermark.pk_column, *watermark.columns)
+        )
+        return WATERMARK_TRIGGER.format(
+            name=self.quote(self.trigger_name(watermark, rule)), of=self.of(watermark, rule),
+            table=self.quote(watermark.table), condition=self.condition(watermark, rule),
+            arguments=arguments,
+        )
+
+    def existing(self, cursor: Any, table: str) -> dict[str, str]:
+        cursor.execute(
+            "SELECT t.tgname, coalesce(obj_description(t.oid, 'pg_trigger'), '') FROM pg_trigger t"
+            " WHERE t.tgrelid = to_regclass(%s) AND NOT t.tgisinternal",
+            [self.quote(table)],
+        )
+        return dict(cursor.fetchall())
+
+    def create(self, cursor: Any, watermark: Watermark, name: str, sql: str) -> None:
+        rule = next(rule for rule in ALL_RULES if self.trigger_name(watermark, rule) == name)
+        function, definition = _WATERMARK_FUNCTIONS[rule]
+        cursor.execute(
+            f"SELECT coalesce(obj_description(to_regprocedure('{function}()'), 'pg_proc'), '')"
+        )
+        if cursor.fetchone()[0] != fingerprint(definition):
+            cursor.execute(definition)
+            cursor.execute(
+                f"COMMENT ON FUNCTION {function}() IS " + sql_literal(fingerprint(definition))
+            )
+        cursor.execute(sql)
+        cursor.execute(
+            f"COMMENT ON TRIGGER {self.quote(name)} ON {self.quote(watermark.table)} IS "
+            + sql_literal(fingerprint(sql))
+        )
+
+    def drop(self, cursor: Any, watermark: Watermark, name: str) -> None:
+        cursor.execute(f"DROP TRIGGER IF EXISTS {self.quote(name)} ON {self.quote(watermark.table)}")
+
+
+# --- the dialect -------------------------------------------------------------------------
+
+
+class PostgreSQLDialect(Dialect):
+    """PostgreSQL: the function grant point (or the ORM one, with LISTEN/NOTIFY),
+    its watermark triggers, the server's idle bound and the promotion guard."""
+
+    name = "postgresql"
+    migration_sql = MIGRATION_SQL
+
+    def grant_point(self, alias: str, *, portable: bool) -> GrantPoint:
+        return (PostgreSQLOrmGrantPoint if portable else PostgreSQLGrantPoint)(alias)
+
+    def watermark_triggers(self, connection: BaseDatabaseWrapper) -> WatermarkTriggers:
+        return PostgreSQLWatermarkTriggers(connection)
+
+    def bound_idle_transaction(self, connection: BaseDatabaseWrapper, seconds: float) -> None:
+        # The transaction's own setting (is_local): reset when it ends.
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT set_config('idle_in_transaction_session_timeout', %s, true)",
+                [f"{max(1, round(seconds * 1000))}ms"],
+            )
+
+    def ensure_token_floor_row(self, alias: str) -> None:
+        # The row records the current timeline in the same statement, as migration
+        # 0012 recorded it: a row with none would make the promotion guard of the
+        # next grants lock it, and an acquire_many whose guard ran before the row
+        # existed would take that lock after its lock rows (a deadlock).
+        from ..models import TokenFloor
+
+        connection = connections[alias]
+        table = connection.ops.quote_name(TokenFloor._meta.db_table)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {table} (id, token, timeline) VALUES (%s, 0, {CURRENT_TIMELINE_SQL}) "
+                "ON CONFLICT (id) DO NOTHING",
+                [TokenFloor.ROW],
+            )
+
+    def codepoint_order(self, field: str) -> Any:
+        # The "C" collation: the database's default may sort case and punctuation otherwise.
+        return Collate(F(field), "C")
+
+    def check_settings(self, alias: str, config: Mapping[str, Any]) -> list[CheckMessage]:
+        return []
+
+    def replication(self, connection: BaseDatabaseWrapper) -> Replication | None:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT (SELECT count(*) FROM pg_stat_replication), "
+                "current_setting('synchronous_standby_names') <> '' "
+                "AND current_setting('synchronous_commit') NOT IN ('off', 'local'), "
+                f"to_regprocedure('{FAILOVER_GUARD_FUNCTION}(bigint, bigint)') IS NOT NULL"
+            )
+            replicas, synchronous, guard_installed = cursor.fetchone()
+        from . import get_backend
+
+        guarded = guard_installed and isinstance(
+            get_backend(connection.alias), PostgreSQLGrantPoint
+        )
+        return Replication(replicas, synchronous, guard_installed, guarded)
+
+    def run_migration_sql(self, connection: BaseDatabaseWrapper, step: str) -> bool:
+        frozen = self.migration_sql.get(step)
+        if frozen is None or not frozen.functions:
+            return super().run_migration_sql(connection, step)
+        run = super().run_migration_sql
+        return _permitted(connection, lambda: run(connection, step))

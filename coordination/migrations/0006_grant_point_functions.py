@@ -1,28 +1,18 @@
-"""The grant point's PL/pgSQL functions (PostgreSQL only) and Lock.wake_until."""
+"""The grant point's functions (PostgreSQL: frozen SQL) and Lock.wake_until."""
 
 from django.db import migrations, models
 
 
 def install_functions(apps, schema_editor):
-    if schema_editor.connection.vendor != "postgresql":
-        return
-    from coordination.backends import postgresql
+    from coordination.backends import run_migration_sql
 
-    postgresql.install_if_permitted(
-        schema_editor.connection,
-        lock=apps.get_model("coordination", "Lock"),
-        grant=apps.get_model("coordination", "Grant"),
-        ticket=apps.get_model("coordination", "Ticket"),
-        floor=None,  # the token floor's table comes with migration 0008
-    )
+    run_migration_sql(schema_editor, "0006_grant_point_functions")
 
 
 def drop_functions(apps, schema_editor):
-    if schema_editor.connection.vendor != "postgresql":
-        return
-    from coordination.backends import postgresql
+    from coordination.backends import run_migration_sql
 
-    postgresql.drop(schema_editor.connection)
+    run_migration_sql(schema_editor, "0006_grant_point_functions.backwards")
 
 
 class Migration(migrations.Migration):

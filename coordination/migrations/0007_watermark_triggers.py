@@ -1,4 +1,6 @@
-"""Triggers that refuse to lower a fence's watermark or a lock's token counter.
+"""Triggers that refuse to lower a fence's watermark or a lock's token counter
+(the database's frozen SQL; none where its backend has no triggers, and then
+the ``post_migrate`` receiver raises ``WatermarksNotEnforced``).
 
 The FencedModel tables of every app get theirs from the post_migrate receiver
 (coordination.watermarks.install_after_migrate), which also reinstalls these
@@ -8,25 +10,16 @@ after a later migration rebuilt the table (SQLite).
 from django.db import migrations
 
 
-def _watermarks(apps):
-    from coordination.watermarks import Watermark
-
-    return [
-        Watermark.of(apps.get_model("coordination", "Lock"), "token"),
-        Watermark.of(apps.get_model("coordination", "Fence"), "token", "step"),
-    ]
-
-
 def install_triggers(apps, schema_editor):
-    from coordination import watermarks
+    from coordination.backends import run_migration_sql
 
-    watermarks.install(schema_editor.connection, _watermarks(apps))
+    run_migration_sql(schema_editor, "0007_watermark_triggers")
 
 
 def drop_triggers(apps, schema_editor):
-    from coordination import watermarks
+    from coordination.backends import run_migration_sql
 
-    watermarks.uninstall(schema_editor.connection, _watermarks(apps))
+    run_migration_sql(schema_editor, "0007_watermark_triggers.backwards")
 
 
 class Migration(migrations.Migration):

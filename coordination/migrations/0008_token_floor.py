@@ -1,7 +1,7 @@
 """The token floor: one row that no key's next token may be at or below.
 
 Creates the table with its row (floor 0), adds it to the watermark triggers (it
-never goes down), and re-creates the grant point's functions (PostgreSQL) so
+never goes down), and re-creates the grant point's functions (PostgreSQL, frozen SQL) so
 that they issue ``max(counter, floor) + 1``. Backwards: the functions as
 migration 0006 made them (no floor), then the table goes.
 """
@@ -14,44 +14,28 @@ def create_row(apps, schema_editor):
     floor.objects.using(schema_editor.connection.alias).get_or_create(pk=1)
 
 
-def _watermarks(apps):
-    from coordination.watermarks import Watermark
-
-    return [Watermark.of(apps.get_model("coordination", "TokenFloor"), "token")]
-
-
 def install_triggers(apps, schema_editor):
-    from coordination import watermarks
+    from coordination.backends import run_migration_sql
 
-    watermarks.install(schema_editor.connection, _watermarks(apps))
+    run_migration_sql(schema_editor, "0008_token_floor.triggers")
 
 
 def drop_triggers(apps, schema_editor):
-    from coordination import watermarks
+    from coordination.backends import run_migration_sql
 
-    watermarks.uninstall(schema_editor.connection, _watermarks(apps))
-
-
-def _install_functions(apps, schema_editor, *, floor):
-    if schema_editor.connection.vendor != "postgresql":
-        return
-    from coordination.backends import postgresql
-
-    postgresql.install_if_permitted(
-        schema_editor.connection,
-        lock=apps.get_model("coordination", "Lock"),
-        grant=apps.get_model("coordination", "Grant"),
-        ticket=apps.get_model("coordination", "Ticket"),
-        floor=floor,
-    )
+    run_migration_sql(schema_editor, "0008_token_floor.triggers.backwards")
 
 
 def install_functions(apps, schema_editor):
-    _install_functions(apps, schema_editor, floor=apps.get_model("coordination", "TokenFloor"))
+    from coordination.backends import run_migration_sql
+
+    run_migration_sql(schema_editor, "0008_token_floor")
 
 
 def install_functions_without_floor(apps, schema_editor):
-    _install_functions(apps, schema_editor, floor=None)
+    from coordination.backends import run_migration_sql
+
+    run_migration_sql(schema_editor, "0008_token_floor.backwards")
 
 
 class Migration(migrations.Migration):

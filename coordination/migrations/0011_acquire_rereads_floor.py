@@ -12,17 +12,9 @@ from django.db import migrations
 
 
 def install_functions(apps, schema_editor):
-    if schema_editor.connection.vendor != "postgresql":
-        return
-    from coordination.backends import postgresql
+    from coordination.backends import run_migration_sql
 
-    postgresql.install_if_permitted(
-        schema_editor.connection,
-        lock=apps.get_model("coordination", "Lock"),
-        grant=apps.get_model("coordination", "Grant"),
-        ticket=apps.get_model("coordination", "Ticket"),
-        floor=apps.get_model("coordination", "TokenFloor"),
-    )
+    run_migration_sql(schema_editor, "0011_acquire_rereads_floor")
 
 
 class Migration(migrations.Migration):

@@ -13,36 +13,17 @@ Backwards: the functions as migration 0011 made them, then the column goes.
 from django.db import migrations, models
 
 
-def _install(apps, schema_editor, *, guard):
-    if schema_editor.connection.vendor != "postgresql":
-        return
-    from coordination.backends import postgresql
-
-    installed = postgresql.install_if_permitted(
-        schema_editor.connection,
-        lock=apps.get_model("coordination", "Lock"),
-        grant=apps.get_model("coordination", "Grant"),
-        ticket=apps.get_model("coordination", "Ticket"),
-        floor=apps.get_model("coordination", "TokenFloor"),
-        guard=guard,
-    )
-    if installed and guard:
-        floor = apps.get_model("coordination", "TokenFloor")
-        with schema_editor.connection.cursor() as cursor:
-            # On a standby (never: migrations write) this would raise, as it should.
-            cursor.execute(
-                f"UPDATE {schema_editor.quote_name(floor._meta.db_table)} SET timeline = "
-                "('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::integer "
-                "WHERE id = 1"
-            )
-
-
 def install_guard(apps, schema_editor):
-    _install(apps, schema_editor, guard=True)
+    # Also records the current timeline, where the functions were created.
+    from coordination.backends import run_migration_sql
+
+    run_migration_sql(schema_editor, "0012_failover_guard")
 
 
 def install_without_guard(apps, schema_editor):
-    _install(apps, schema_editor, guard=False)
+    from coordination.backends import run_migration_sql
+
+    run_migration_sql(schema_editor, "0012_failover_guard.backwards")
 
 
 class Migration(migrations.Migration):

@@ -13,21 +13,16 @@ during the ALTER. PostgreSQL only; backwards: the default fillfactor again.
 from django.db import migrations
 
 
-def leave_room(apps, schema_editor, fillfactor=None):
-    if schema_editor.connection.vendor != "postgresql":
-        return
-    from coordination.backends import postgresql
+def leave_room(apps, schema_editor):
+    from coordination.backends import run_migration_sql
 
-    postgresql.leave_room_for_updates(
-        schema_editor.connection,
-        apps.get_model("coordination", "Lock"),
-        apps.get_model("coordination", "Fence"),
-        fillfactor=fillfactor,
-    )
+    run_migration_sql(schema_editor, "0015_room_for_updates_in_place")
 
 
 def fill_pages(apps, schema_editor):
-    leave_room(apps, schema_editor, fillfactor=100)
+    from coordination.backends import run_migration_sql
+
+    run_migration_sql(schema_editor, "0015_room_for_updates_in_place.backwards")
 
 
 class Migration(migrations.Migration):

@@ -20,8 +20,9 @@ import pytest
 from django.db import connection, transaction
 
 from coordination import locks, restore
+from coordination.backends.postgresql import CURRENT_TIMELINE_SQL
 from coordination.exceptions import CoordinationError, LeaseLost, LockHeld
-from coordination.models import CURRENT_TIMELINE_SQL, TokenFloor
+from coordination.models import TokenFloor
 from tests.support.waiting import run_in_threads
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]

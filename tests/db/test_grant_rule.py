@@ -164,9 +164,7 @@ def test_migrate_goes_on_without_the_functions_where_the_app_may_not_create_them
         cursor.execute("GRANT USAGE ON SCHEMA public TO coordination_no_functions")
         cursor.execute("SET LOCAL ROLE coordination_no_functions")
     try:
-        installed = postgresql.install_if_permitted(
-            connection, lock=Lock, grant=Grant, ticket=Ticket, floor=TokenFloor
-        )
+        installed = postgresql.install_if_permitted(connection)
     finally:
         with connection.cursor() as cursor:
             cursor.execute("RESET ROLE")

@@ -1,0 +1,132 @@
+"""What a backend knows of its database beyond the grant point: its dialect.
+
+:func:`coordination.backends.dialect_of` returns the :class:`Dialect` of a
+connection; nothing outside ``coordination/backends/`` asks which database it
+talks to. A backend for a new database implements every hook below (they are
+abstract: a class that leaves one out cannot be instantiated, and
+``tests/unit/test_backend_hooks.py`` fails), each with this guarantee:
+
+- :meth:`Dialect.grant_point`: the grant point of an alias on this database
+  (the portable ORM transaction when asked), keeping rules 3, 9 and 11 of
+  docs/rules.md.
+- :meth:`Dialect.watermark_triggers`: the triggers that make the database
+  refuse a lower watermark or token counter whatever writes the row, and keep
+  a deleted fenced row's watermark for its return (rule 8); or
+  :exc:`WatermarksNotEnforced` where the database cannot, never silence.
+- :meth:`Dialect.bound_idle_transaction`: a transaction whose client idles
+  longer than the bound between statements is ended by the server (its rows
+  freed), or nothing where the database has no such bound.
+- :meth:`Dialect.ensure_token_floor_row`: the token floor's row exists
+  (at 0 if it was missing) and never races a concurrent grant into a deadlock.
+- :meth:`Dialect.codepoint_order`: an ordering by codepoint, the order every
+  caller takes row locks in (no two callers wait for each other in a cycle).
+- :meth:`Dialect.check_settings`: the system-check messages the database's
+  ``DATABASES`` entry deserves, read from settings alone (no connection).
+- :meth:`Dialect.replication`: what the database says of its replicas, for
+  the promotion-guard check; None where it has nothing to say.
+- :attr:`Dialect.migration_sql`: the SQL each migration step ran on this
+  database, frozen (a migration is history); :meth:`Dialect.run_migration_sql`
+  runs one step's.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
+
+from django.core.checks import CheckMessage
+from django.core.exceptions import ImproperlyConfigured
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+if TYPE_CHECKING:
+    from ..watermarks import WatermarkTriggers
+    from .base import GrantPoint
+
+__all__ = ["Dialect", "FrozenSQL", "Replication", "WatermarksNotEnforced"]
+
+
+class WatermarksNotEnforced(ImproperlyConfigured):
+    """The database has no backend that keeps watermarks from going down (rule 8)."""
+
+
+class FrozenSQL(NamedTuple):
+    """The statements one migration step runs on a database, as it ran them."""
+
+    statements: tuple[str, ...]
+    functions: bool = False
+    """Whether they create the grant point's functions: a database that refuses
+    the app that right goes on without them (the grant point must then be
+    ``COORDINATION["GRANT_POINT"] = "orm"``)."""
+
+
+class Replication(NamedTuple):
+    """What the grant point's database says of its replicas."""
+
+    replicas: int
+    """How many stream from it."""
+    synchronous: bool
+    """Whether a commit waits for one of them."""
+    guard_installed: bool
+    """Whether the grant functions run the promotion guard."""
+    guarded: bool
+    """Whether the alias's grant point runs it (the functions do; the ORM one does not)."""
+
+
+class Dialect(abc.ABC):
+    """The database-specific hooks of a backend (see the module docstring)."""
+
+    name: ClassVar[str]
+    """The backend module's name: ``"postgresql"``, ``"sqlite"`` or ``"orm"`` (any other)."""
+
+    migration_sql: ClassVar[Mapping[str, FrozenSQL]] = {}
+    """Frozen SQL by migration step (``"0006_grant_point_functions"``, and
+    ``"<migration>.backwards"`` for a reversal); a step not here runs nothing."""
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__}>"
+
+    @abc.abstractmethod
+    def grant_point(self, alias: str, *, portable: bool) -> GrantPoint:
+        """The grant point of ``alias``; ``portable``: the ORM transaction."""
+
+    @abc.abstractmethod
+    def watermark_triggers(self, connection: BaseDatabaseWrapper) -> WatermarkTriggers:
+        """The watermark triggers of ``connection``; raises ``WatermarksNotEnforced``
+        where the database has none."""
+
+    @abc.abstractmethod
+    def bound_idle_transaction(self, connection: BaseDatabaseWrapper, seconds: float) -> None:
+        """Inside a transaction: let the server end it (and free its rows) once its
+        client idles ``seconds`` between statements. For that transaction only."""
+
+    @abc.abstractmethod
+    def ensure_token_floor_row(self, alias: str) -> None:
+        """Make the token floor's row (at 0) if it is missing; leave it alone if not."""
+
+    @abc.abstractmethod
+    def codepoint_order(self, field: str) -> Any:
+        """An expression ordering ``field`` by codepoint, as Python sorts strings."""
+
+    @abc.abstractmethod
+    def check_settings(self, alias: str, config: Mapping[str, Any]) -> list[CheckMessage]:
+        """System-check messages for the grant point's ``DATABASES[alias]``."""
+
+    @abc.abstractmethod
+    def replication(self, connection: BaseDatabaseWrapper) -> Replication | None:
+        """The database's replicas as it reports them, or None (no such notion).
+        Raises ``DatabaseError`` if the database cannot be asked."""
+
+    def run_migration_sql(self, connection: BaseDatabaseWrapper, step: str) -> bool:
+        """Run the frozen SQL of migration ``step`` on ``connection``, if it has any.
+
+        False if there is none, or if it creates the grant point's functions and
+        the database refused the app that right (the migration goes on).
+        """
+        frozen = self.migration_sql.get(step)
+        if frozen is None:
+            return False
+        with connection.cursor() as cursor:
+            for statement in frozen.statements:
+                cursor.execute(statement)
+        return True
