@@ -51,7 +51,6 @@ from django.db import InterfaceError, InternalError, OperationalError, connectio
 from . import aio, signals
 from .backends import get_backend
 from .backends.base import Acquired, GrantPoint, Listener
-from .backends.shared import close_revoked_readers, release_shared, renew_shared
 from .conf import app_settings
 from .exceptions import GrantPointUnavailable, InvalidInput, LeaseLost, LockHeld
 from .leases import Lease
@@ -60,7 +59,6 @@ from .models import (
     DatabaseNow,
     Grant,
     GrantEnd,
-    GrantMode,
     Lock,
     Ticket,
     hash_lease_id,
@@ -264,10 +262,7 @@ def renew(grant: Lease, *, ttl: float | None = None, using: str | None = None) -
     backend = get_backend(using)
     try:
         with _grant_point_call("renew", grant.key, using):
-            if grant.mode == GrantMode.SHARED:
-                expires_at = renew_shared(backend, grant, seconds)
-            else:
-                expires_at = backend.renew(grant, seconds)
+            expires_at = backend.renew(grant, seconds)
     except LeaseLost as lost:
         grant.mark_lost()
         logger.warning(
@@ -298,10 +293,7 @@ def release(grant: Lease, *, using: str | None = None) -> Lease:
         return grant
     backend = get_backend(using)
     with _grant_point_call("release", grant.key, using):
-        ended = (
-            release_shared(backend, grant) if grant.mode == GrantMode.SHARED
-            else backend.release(grant)
-        )
+        ended = backend.release(grant)
     grant.ended_at, grant.end_reason = ended.ended_at, ended.reason
     if ended.expired_at is not None:
         grant.mark_lost()
@@ -333,10 +325,6 @@ def revoke(key: str, *, using: str | None = None) -> Grant | None:
     revoked = backend.revoke(key)
     if revoked is None:
         return None
-    if revoked.mode == GrantMode.SHARED:
-        # The grant point ended the readers' group and closed its newest reader's
-        # row; the other readers of the group are closed as revoked too.
-        close_revoked_readers(backend, revoked)
     logger.warning(
         "lock revoked %s", LogFields(key=key, token=revoked.token, holder=revoked.holder)
     )

@@ -25,7 +25,7 @@ accepted the writer's write refuses a reader's late, read-derived write
 unchanged. Renew, release, keep-alives, ``use_grant`` and the fences take a
 reader's lease as any lease.
 
-The grant point's side is :mod:`coordination.backends.shared`.
+The grant point's side is :class:`coordination.backends.shared.SharedLeases`.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ import functools
 import time
 
 from .backends import get_backend
-from .backends.shared import grant_shared
 from .exceptions import LockHeld
 from .leases import Lease
 from .locks import _announce_grant, _grant_timings, _Pace, _release_quietly, _Waiter, await_grant
@@ -84,7 +83,7 @@ def acquire_shared(
     started = time.monotonic()
     pace = _Pace(wait)
     try:
-        acquired = grant_shared(backend, key, holder, lease_seconds, delay)
+        acquired = backend.acquire_shared(key, holder, lease_seconds, delay)
     except LockHeld:
         if wait <= 0:
             raise
@@ -92,8 +91,8 @@ def acquire_shared(
         with _Waiter(backend, key, holder, fair=fair, wait=wait) as waiter:
             while True:
                 try:
-                    acquired = grant_shared(
-                        backend, key, holder, lease_seconds, delay, waiter.ticket
+                    acquired = backend.acquire_shared(
+                        key, holder, lease_seconds, delay, waiter.ticket
                     )
                     waiter.ticket = None  # consumed by the grant
                     break
