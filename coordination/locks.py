@@ -26,7 +26,7 @@ lease's own state, logs and signals; waiting (back-off, wake-ups, the fair
 queue) is :mod:`coordination.waiting`, the one wait loop of every acquire.
 
 The async API (``aacquire``, ``arenew``, ``arelease``, ``ahold`` and the
-:class:`AsyncKeepAlive` task) runs the same calls on the app's own bounded pool
+:class:`~coordination.keepalive.AsyncKeepAlive` task) runs the same calls on the app's own bounded pool
 of threads (:mod:`coordination.aio`), with the same guarantees and errors; a
 cancelled coroutine never leaves a lease behind (docs/async.md).
 """
@@ -40,8 +40,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
-from concurrent.futures import Future
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager, suppress
 from typing import Any, ParamSpec, TypeVar
 
@@ -72,7 +71,6 @@ from .waiting import (
 
 __all__ = [
     "MAX_KEYS_AT_ONCE",
-    "AsyncKeepAlive",
     "Lease",
     "aacquire",
     "aacquire_many",
@@ -600,10 +598,12 @@ async def ahold(
     block (``current_grant()``, ``afenced_update``), and releases it on every
     exit, a cancellation included (``arelease``: the release completes even if
     the coroutine is cancelled again while it runs). With ``keepalive=True`` an
-    :class:`AsyncKeepAlive` task renews the lease while the block runs. As with
-    ``hold()``, a block that succeeded after its lease was lost ends with
-    ``LeaseLost`` from the release.
+    :class:`~coordination.keepalive.AsyncKeepAlive` task renews the lease while
+    the block runs. As with ``hold()``, a block that succeeded after its lease
+    was lost ends with ``LeaseLost`` from the release.
     """
+    from .keepalive import AsyncKeepAlive  # it renews through this module
+
     lease_seconds = app_settings.DEFAULT_TTL if ttl is None else ttl
     grant = await aacquire(key, holder=holder, ttl=ttl, wait=wait, using=using)
     keeper = AsyncKeepAlive(grant, ttl=lease_seconds, using=using).start() if keepalive else None
@@ -628,107 +628,11 @@ async def ahold(
         _current_grant.reset(reset)
 
 
-class AsyncKeepAlive:
-    """Keep ``grant``'s lease alive from an asyncio task until :meth:`stop`.
+def __getattr__(name: str) -> Any:
+    # ``locks.AsyncKeepAlive`` stays importable; it lives in coordination.keepalive,
+    # which renews through this module (imported on use: no import cycle).
+    if name == "AsyncKeepAlive":
+        from .keepalive import AsyncKeepAlive
 
-    The schedule and failure rules of the thread-based
-    :class:`~coordination.contrib.execution.KeepAlive`: a renewal a third of
-    ``ttl`` after the previous one started, by this process's monotonic clock;
-    a transient failure retried while the lease is certainly live; once that
-    deadline passes without a renewal, or on ``LeaseLost``, the grant is marked
-    lost (later fenced writes are refused) and ``signals.lock_lost`` is sent.
-    Each renewal runs on the app's thread pool.
-
-    Limit: the task runs on the event loop, so a coroutine that blocks the loop
-    (CPU-bound work, a sync call without ``sync_to_async``) stops the renewals
-    too; the lease survives a stall shorter than about two thirds of ``ttl``.
-    """
-
-    def __init__(self, grant: Lease, *, ttl: float, using: str | None = None) -> None:
-        self.grant = grant
-        self.ttl = float(ttl)
-        self.interval = self.ttl / 3
-        self.using = using
-        self.renewals = 0
-        self.retries = 0
-        self._deadline = time.monotonic() + max(
-            0.0, (grant.expires_at - grant.acquired_at).total_seconds()
-        )
-        self._task: asyncio.Task[None] | None = None
-        self._inflight: Future[Any] | None = None
-
-    def start(self) -> AsyncKeepAlive:
-        """Start the renewing task on the running event loop."""
-        self._task = asyncio.get_running_loop().create_task(
-            self._run(), name=f"coordination-keepalive-{self.grant.key}#{self.grant.token}"
-        )
-        return self
-
-    async def stop(self) -> None:
-        """Stop renewing; returns once a renewal in flight has finished, so that it
-        cannot land after the release that usually follows."""
-        task, self._task = self._task, None
-        if task is None:
-            return
-        task.cancel()
-        await asyncio.wait({task})
-        inflight = self._inflight
-        if inflight is not None and not inflight.done():
-            with suppress(Exception):
-                await asyncio.shield(asyncio.wrap_future(inflight))
-
-    async def _call(self, func: Callable[_P, _R], *args: _P.args, **kwargs: _P.kwargs) -> _R:
-        self._inflight = aio.submit(func, *args, **kwargs)
-        return await asyncio.wrap_future(self._inflight)
-
-    async def _run(self) -> None:
-        started = time.monotonic()
-        try:
-            now = await self._call(database_now, self.using)
-        except Exception as error:
-            logger.warning(
-                "keep-alive could not read the database clock %s",
-                LogFields(key=self.grant.key, token=self.grant.token, error=error),
-            )
-        else:
-            left = (self.grant.expires_at - now).total_seconds()
-            self._deadline = min(self._deadline, started + left)
-        next_due = self._deadline - self.ttl + self.interval
-        while True:
-            await asyncio.sleep(max(0.0, next_due - time.monotonic()))
-            started = time.monotonic()
-            if started >= self._deadline:
-                self._lose(TimeoutError(
-                    f"no renewal succeeded within the {self.ttl:g} s lease; it may have expired"
-                ))
-                return
-            try:
-                await self._call(renew, self.grant, ttl=self.ttl, using=self.using)
-            except LeaseLost:
-                return  # renew() marked the grant lost and sent lock_lost
-            except Exception as error:
-                left = self._deadline - time.monotonic()
-                if left <= 0:
-                    self._lose(error)
-                    return
-                self.retries += 1
-                logger.warning(
-                    "lease renewal failed, retrying %s",
-                    LogFields(
-                        key=self.grant.key, token=self.grant.token, error=error,
-                        lease_left=f"{left:.2f}s",
-                    ),
-                )
-                next_due = time.monotonic() + min(self.interval / 4, max(left / 3, 0.01))
-                continue
-            self._deadline = started + self.ttl
-            self.renewals += 1
-            next_due = started + self.interval
-
-    def _lose(self, error: BaseException) -> None:
-        self.grant.mark_lost()
-        logger.warning(
-            "lease renewal failed, the grant is marked lost %s",
-            LogFields(key=self.grant.key, token=self.grant.token, error=error),
-        )
-        signals.lock_lost.send(sender=Grant, grant=self.grant, error=error)
+        return AsyncKeepAlive
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
