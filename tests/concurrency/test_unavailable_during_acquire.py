@@ -10,9 +10,7 @@ import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import psycopg
 import pytest
-from django.db import connection
 
 from coordination import aio, locks
 from coordination.backends import get_backend
@@ -21,24 +19,13 @@ from coordination.models import Grant
 from coordination.semaphores import aacquire_permit, acquire_permit
 from coordination.shared import aacquire_shared, acquire_shared
 from coordination.waiting import Waiter
+from tests.support.connections import cut_this_connection
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.postgres,
     pytest.mark.usefixtures("grant_point"),
 ]
-
-
-def cut_this_connection() -> None:
-    """Terminate this thread's server process from another connection, as a
-    failover does to every connection of the old primary."""
-    connection.ensure_connection()
-    pid = connection.connection.info.backend_pid
-    params = connection.get_connection_params()
-    for django_only in ("cursor_factory", "context", "server_side_binding"):
-        params.pop(django_only, None)
-    with psycopg.connect(**params, autocommit=True) as other:
-        other.execute("SELECT pg_terminate_backend(%s)", (pid,))
 
 
 # Each kind: the sync call, its async twin, and the key whose lock a holder
