@@ -5,7 +5,9 @@ The public API lives in documented modules:
 - :mod:`coordination.locks`: the grant point (``acquire``, ``renew``, ``release``,
   ``revoke``, ``hold``); ``acquire`` returns a :class:`~coordination.leases.Lease`.
   For async code, beside them: ``aacquire``, ``arenew``, ``arelease``, ``ahold``
-  and ``AsyncKeepAlive`` (run on the app's threads, :mod:`coordination.aio`).
+  (run on the app's threads, :mod:`coordination.aio`).
+- :mod:`coordination.keepalive`: keeping a lease alive, ``KeepAlive`` (a thread)
+  and ``AsyncKeepAlive`` (an asyncio task), one schedule for both.
 - :mod:`coordination.backends`: one grant-point backend per database
   (``get_backend``; ``COORDINATION["GRANT_POINT"]``).
 - :mod:`coordination.fencing`: the resource side (``FencedModel``,

@@ -2,7 +2,7 @@
 
 A *role* (``"celery-beat"``, ``"report-builder"``) is led by whoever holds the
 lock ``election:<role>``. Campaigning is acquiring it; leading is holding the
-lease, kept alive by a :class:`~coordination.contrib.execution.KeepAlive`
+lease, kept alive by a :class:`~coordination.keepalive.KeepAlive`
 thread; the **term** is the lease's fencing token. Terms increase strictly with
 every new leader (rule 3 of docs/rules.md), and the Grant rows of the role's
 lock are the history of terms.
@@ -55,8 +55,8 @@ from django.db.models import QuerySet
 
 from . import fencing, locks, signals
 from .conf import app_settings
-from .contrib.execution import KeepAlive
 from .exceptions import LeaseLost
+from .keepalive import KeepAlive
 from .leases import Lease
 from .models import Fence, Grant, Lock, validate_key
 

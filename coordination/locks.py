@@ -21,11 +21,12 @@ one. Whoever holds the row lock is the only one deciding, so tokens of a key
 are unique and strictly increasing in grant order, and two leases of a key
 never overlap in database time.
 
-This module holds what is the same on every backend: validating input, waiting
-(back-off, wake-ups, the fair queue), the lease's own state, logs and signals.
+This module holds what is the same on every backend: validating input, the
+lease's own state, logs and signals; waiting (back-off, wake-ups, the fair
+queue) is :mod:`coordination.waiting`, the one wait loop of every acquire.
 
 The async API (``aacquire``, ``arenew``, ``arelease``, ``ahold`` and the
-:class:`AsyncKeepAlive` task) runs the same calls on the app's own bounded pool
+:class:`~coordination.keepalive.AsyncKeepAlive` task) runs the same calls on the app's own bounded pool
 of threads (:mod:`coordination.aio`), with the same guarantees and errors; a
 cancelled coroutine never leaves a lease behind (docs/async.md).
 """
@@ -37,41 +38,39 @@ import contextvars
 import datetime as dt
 import functools
 import logging
-import math
-import random
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import Future
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager, suppress
 from typing import Any, ParamSpec, TypeVar
 
-from django.db import InterfaceError, InternalError, OperationalError, connections
-
 from . import aio, signals
 from .backends import get_backend
-from .backends.base import Acquired, GrantPoint, Listener
-from .backends.shared import close_revoked_readers, release_shared, renew_shared
 from .conf import app_settings
-from .exceptions import GrantPointUnavailable, InvalidInput, LeaseLost, LockHeld
+from .exceptions import InvalidInput, LeaseLost
 from .leases import Lease
 from .logfields import LogFields
 from .models import (
     DatabaseNow,
     Grant,
     GrantEnd,
-    GrantMode,
     Lock,
-    Ticket,
     hash_lease_id,
     lease_matches,
     validate_holder,
     validate_key,
 )
+from .waiting import (
+    Waiter,
+    announce_grant,
+    grant_point_call,
+    grant_timings,
+    validate_ttl,
+    wait_for_grant,
+)
 
 __all__ = [
     "MAX_KEYS_AT_ONCE",
-    "AsyncKeepAlive",
     "Lease",
     "aacquire",
     "aacquire_many",
@@ -80,7 +79,6 @@ __all__ = [
     "ahold",
     "arelease",
     "arenew",
-    "await_grant",
     "current_grant",
     "database_now",
     "grant_from_proof",
@@ -172,83 +170,17 @@ def acquire(
         entered = _reenter(key, holder, using)
         if entered is not None:
             return entered
-    lease_seconds, wait, delay = _grant_timings(ttl, wait, lock_delay)
+    lease_seconds, wait, delay = grant_timings(ttl, wait, lock_delay)
     backend = get_backend(using)
     started = time.monotonic()
-    with _grant_point_call("acquire", key, using):
-        if wait <= 0:
-            acquired = backend.acquire(key, holder, lease_seconds, delay, None)
-        else:
-            acquired = _wait_for_grant(backend, key, holder, lease_seconds, delay, wait, fair)
-    lease = _announce_grant(acquired, holder, time.monotonic() - started)
+    acquired = wait_for_grant(
+        lambda ticket: backend.acquire(key, holder, lease_seconds, delay, ticket),
+        wait=wait, waiter=Waiter(backend, key, holder, fair=fair, wait=wait), key=key, using=using,
+    )
+    lease = announce_grant(acquired, holder, time.monotonic() - started)
     if reentrant:
         _held_here()[(_alias(using), key)] = _Reentry(lease, _execution())
     return lease
-
-
-def _announce_grant(acquired: Acquired, holder: str, waited: float, **fields: Any) -> Lease:
-    """Log a grant (``fields`` added to the line) and send its signals:
-    ``lock_expired`` first when it took over a lease that had run out, then
-    ``lock_acquired``. Returns the lease."""
-    lease, taken_over = acquired
-    if logger.isEnabledFor(logging.INFO):
-        logger.info(
-            "lock acquired %s",
-            LogFields(
-                key=lease.key, token=lease.token, holder=holder, **fields,
-                expires_at=lease.expires_at.isoformat(),
-            ),
-        )
-    if taken_over is not None:
-        signals.lock_expired.send(sender=Grant, key=lease.key, **taken_over._asdict())
-    signals.lock_acquired.send(sender=Grant, grant=lease, waited=waited)
-    return lease
-
-
-class _Pace:
-    """When a caller that waits for a grant tries again: back-off with jitter from
-    POLL_INTERVAL up to MAX_POLL_INTERVAL, never past the holder's remaining lease
-    (``retry_after``) nor past the caller's ``wait``. Written once for every
-    waiting grant, sync and async."""
-
-    def __init__(self, wait: float) -> None:
-        self.deadline = time.monotonic() + wait
-        self.backoff = float(app_settings.POLL_INTERVAL)
-        self.ceiling = float(app_settings.MAX_POLL_INTERVAL)
-
-    def pause(self, refusal: LockHeld, *, woken: bool = False) -> float:
-        """Seconds to sleep before the next attempt; raises ``refusal`` once the
-        wait is over. ``woken``: a release or revoke notified the waiter, so it
-        sleeps to the lease's end (the ceiling a safety net for a lost
-        notification) instead of backing off."""
-        remaining = self.deadline - time.monotonic()
-        if remaining <= 0:
-            raise refusal
-        if woken:
-            return max(min(refusal.retry_after + 0.002, remaining, self.ceiling), 0.001)
-        # Until the lease ends or the back-off step, whichever is first; jitter
-        # spreads contending waiters.
-        pause = min(self.backoff * random.uniform(0.5, 1.0), refusal.retry_after + 0.002, remaining)
-        self.backoff = min(self.backoff * 2, self.ceiling)
-        return max(pause, 0.001)
-
-
-def _wait_for_grant(
-    backend: GrantPoint, key: str, holder: str, ttl: float, delay: float, wait: float, fair: bool
-) -> Acquired:
-    pace = _Pace(wait)
-    # Free at once is the common case: no wake-up connection, no ticket.
-    with suppress(LockHeld):
-        return backend.acquire(key, holder, ttl, delay, None)
-    with _Waiter(backend, key, holder, fair=fair, wait=wait) as waiter:
-        while True:
-            try:
-                acquired = backend.acquire(key, holder, ttl, delay, waiter.ticket)
-            except LockHeld as held:
-                waiter.sleep(pace.pause(held, woken=waiter.woken_by_notify))
-                continue
-            waiter.ticket = None  # consumed by the grant
-            return acquired
 
 
 def renew(grant: Lease, *, ttl: float | None = None, using: str | None = None) -> Lease:
@@ -260,14 +192,11 @@ def renew(grant: Lease, *, ttl: float | None = None, using: str | None = None) -
     renewed in its Grant row (``coordination.shared``). Returns the same lease with
     ``expires_at`` moved (its Grant row's too).
     """
-    seconds = _validate_ttl(app_settings.DEFAULT_TTL if ttl is None else ttl)
+    seconds = validate_ttl(app_settings.DEFAULT_TTL if ttl is None else ttl)
     backend = get_backend(using)
     try:
-        with _grant_point_call("renew", grant.key, using):
-            if grant.mode == GrantMode.SHARED:
-                expires_at = renew_shared(backend, grant, seconds)
-            else:
-                expires_at = backend.renew(grant, seconds)
+        with grant_point_call("renew", grant.key, using):
+            expires_at = backend.renew(grant, seconds)
     except LeaseLost as lost:
         grant.mark_lost()
         logger.warning(
@@ -297,11 +226,8 @@ def release(grant: Lease, *, using: str | None = None) -> Lease:
     if _leave(grant, using):
         return grant
     backend = get_backend(using)
-    with _grant_point_call("release", grant.key, using):
-        ended = (
-            release_shared(backend, grant) if grant.mode == GrantMode.SHARED
-            else backend.release(grant)
-        )
+    with grant_point_call("release", grant.key, using):
+        ended = backend.release(grant)
     grant.ended_at, grant.end_reason = ended.ended_at, ended.reason
     if ended.expired_at is not None:
         grant.mark_lost()
@@ -333,10 +259,6 @@ def revoke(key: str, *, using: str | None = None) -> Grant | None:
     revoked = backend.revoke(key)
     if revoked is None:
         return None
-    if revoked.mode == GrantMode.SHARED:
-        # The grant point ended the readers' group and closed its newest reader's
-        # row; the other readers of the group are closed as revoked too.
-        close_revoked_readers(backend, revoked)
     logger.warning(
         "lock revoked %s", LogFields(key=key, token=revoked.token, holder=revoked.holder)
     )
@@ -410,46 +332,6 @@ def _held_here() -> dict[tuple[str, str], _Reentry]:
         held = {}
         _reentries.set(held)
     return held
-
-
-@contextmanager
-def _grant_point_call(action: str, key: str, using: str | None) -> Iterator[None]:
-    """Turn a lost database connection into ``GrantPointUnavailable`` (outcome
-    unknown) and close the connection, so the next call connects again: with a
-    multi-host URL, to whichever server accepts writes now (a new primary)."""
-    try:
-        yield
-    except (OperationalError, InterfaceError, InternalError) as error:  # 25P03 is an InternalError
-        alias = _alias(using)
-        connection = connections[alias]
-        if connection.in_atomic_block or not _connection_lost(connection, error):
-            raise  # the caller's transaction owns the connection; or a statement's own error
-        with suppress(Exception):
-            connection.close()
-        raise GrantPointUnavailable(
-            f"the grant point's database ({alias!r}) failed during the {action} of {key!r}; "
-            f"the outcome is unknown: {error}".strip()
-            + (" No lease was returned: do not act as the holder; retry the acquire."
-               if action == "acquire" else " Treat the lease as possibly lost."),
-            action=action, key=key,
-        ) from error
-
-
-# SQLSTATEs of a server that went away or is not the one to write to: class 08
-# (connection exception), and shut down / crashed / starting up (57P01-57P03);
-# and of a session the server ended for idling in a transaction (25P03) or at
-# all (57P05): a client paused inside a grant point transaction.
-_LOST = ("08", "57P01", "57P02", "57P03", "57P05", "25P03")
-
-
-def _connection_lost(connection: Any, error: BaseException) -> bool:
-    """True if ``error`` means the connection is gone (not, say, a deadlock or a
-    statement timeout, whose outcome is known: nothing was granted)."""
-    raw = connection.connection
-    if raw is None or getattr(raw, "closed", False):
-        return True
-    sqlstate = getattr(error.__cause__, "sqlstate", None)
-    return sqlstate is None or sqlstate.startswith(_LOST)
 
 
 def _alias(using: str | None) -> str:
@@ -563,27 +445,19 @@ def acquire_many(
     if len(ordered) > MAX_KEYS_AT_ONCE:
         raise InvalidInput(f"acquire_many takes at most {MAX_KEYS_AT_ONCE} keys, not {len(ordered)}")
     holder = validate_holder(holder)
-    lease_seconds, wait, delay = _grant_timings(ttl, wait, lock_delay)
+    lease_seconds, wait, delay = grant_timings(ttl, wait, lock_delay)
     backend = get_backend(using)
     started = time.monotonic()
-    pace = _Pace(wait)
-    try:
-        granted = backend.acquire_many(ordered, holder, lease_seconds, delay)
-    except LockHeld:
-        if wait <= 0:
-            raise
-        # Woken by a release or revoke of any key of the set (PostgreSQL), else
-        # polling; the whole set is tried again each time.
-        with _Waiter(backend, ordered[0], holder, fair=False, wait=wait, wake_keys=ordered) as waiter:
-            while True:
-                try:
-                    granted = backend.acquire_many(ordered, holder, lease_seconds, delay)
-                    break
-                except LockHeld as held:
-                    waiter.sleep(pace.pause(held, woken=waiter.woken_by_notify))
+    # Woken by a release or revoke of any key of the set (PostgreSQL), else
+    # polling; the whole set is tried again each time.
+    waiter = Waiter(backend, ordered[0], holder, fair=False, wait=wait, wake_keys=ordered)
+    granted = wait_for_grant(
+        lambda _: backend.acquire_many(ordered, holder, lease_seconds, delay),
+        wait=wait, waiter=waiter, key=", ".join(ordered), using=using,
+    )
     waited = time.monotonic() - started
     for acquired in granted:
-        _announce_grant(acquired, holder, waited)
+        announce_grant(acquired, holder, waited)
     return {lease.key: lease for lease, _ in granted}
 
 
@@ -657,60 +531,11 @@ async def aacquire(
     granted is released there at once: a cancelled ``aacquire`` never leaves a
     lock held. Cancelled before a thread took the attempt, nothing runs.
     """
-    wait = _validate_seconds(wait, "wait", upper=float(app_settings.MAX_WAIT))
-    pace = _Pace(wait)
-    while True:
-        try:
-            return await _acquire_once(
-                key, holder=holder, ttl=ttl, lock_delay=lock_delay, using=using
-            )
-        except LockHeld as held:
-            await asyncio.sleep(pace.pause(held))
 
+    def attempt() -> Lease:
+        return acquire(key, holder=holder, ttl=ttl, wait=0.0, lock_delay=lock_delay, using=using)
 
-async def _acquire_once(
-    key: str, *, holder: str, ttl: float | None, lock_delay: float | None, using: str | None
-) -> Lease:
-    attempt = aio.submit(
-        acquire, key, holder=holder, ttl=ttl, wait=0.0, lock_delay=lock_delay, using=using
-    )
-    try:
-        return await asyncio.shield(asyncio.wrap_future(attempt))
-    except asyncio.CancelledError:
-        # Not started: it never will. Started (or even done, if the cancellation
-        # arrived as it finished): a lease it grants goes back at once.
-        if not attempt.cancel():
-            attempt.add_done_callback(functools.partial(_release_abandoned, using=using))
-        raise
-
-
-def _release_abandoned(attempt: Future[Lease], *, using: str | None) -> None:
-    if attempt.cancelled() or attempt.exception() is not None:
-        return
-    grant = attempt.result()
-    logger.info(
-        "lock granted to a cancelled aacquire, released %s",
-        LogFields(key=grant.key, token=grant.token),
-    )
-    try:
-        aio.submit(_release_quietly, grant, using)
-    except RuntimeError:  # the pool was closed meanwhile: the lease expires on its own
-        logger.warning(
-            "could not release a lease granted to a cancelled aacquire; it expires %s",
-            LogFields(key=grant.key, token=grant.token, expires_at=grant.expires_at.isoformat()),
-        )
-
-
-def _release_quietly(grant: Lease, using: str | None = None) -> None:
-    try:
-        release(grant, using=using)
-    except LeaseLost:
-        pass
-    except Exception:
-        logger.exception(
-            "could not release; the lease will expire %s",
-            LogFields(key=grant.key, token=grant.token, expires_at=grant.expires_at.isoformat()),
-        )
+    return await aio.await_grant(attempt, wait=wait, release=functools.partial(release, using=using))
 
 
 async def aacquire_many(
@@ -736,46 +561,7 @@ async def aacquire_many(
     def attempt() -> dict[str, Lease]:
         return acquire_many(wanted, holder=holder, ttl=ttl, lock_delay=lock_delay, using=using)
 
-    return await await_grant(attempt, functools.partial(_release_many_quietly, using=using), wait)
-
-
-async def await_grant(
-    attempt: Callable[[], _R], give_back: Callable[[_R], object], wait: float
-) -> _R:
-    """Run ``attempt`` (one grant, ``wait=0``) on the app's threads until it is not
-    refused with ``LockHeld`` or ``wait`` seconds pass (back-off with jitter, up
-    to the holder's remaining lease). A grant made for a coroutine cancelled
-    meanwhile is handed to ``give_back`` on the app's threads: never left held.
-    The async twins of the grants (:func:`aacquire_many`,
-    :func:`coordination.semaphores.aacquire_permit`) are written with it."""
-    wait = _validate_seconds(wait, "wait", upper=float(app_settings.MAX_WAIT))
-    pace = _Pace(wait)
-    while True:
-        running = aio.submit(attempt)
-        try:
-            return await asyncio.shield(asyncio.wrap_future(running))
-        except asyncio.CancelledError:
-            if not running.cancel():
-                running.add_done_callback(functools.partial(_give_back, give_back=give_back))
-            raise
-        except LockHeld as held:
-            await asyncio.sleep(pace.pause(held))
-
-
-def _give_back(attempt: Future[_R], *, give_back: Callable[[_R], object]) -> None:
-    if attempt.cancelled() or attempt.exception() is not None:
-        return
-    granted = attempt.result()
-    logger.info("a grant made for a cancelled coroutine is given back: %r", granted)
-    try:
-        aio.submit(give_back, granted)
-    except RuntimeError:  # the pool was closed meanwhile: the lease(s) expire on their own
-        logger.warning("could not give back %r, granted to a cancelled coroutine; it expires", granted)
-
-
-def _release_many_quietly(grants: Mapping[str, Lease], using: str | None = None) -> None:
-    for grant in grants.values():
-        _release_quietly(grant, using)
+    return await aio.await_grant(attempt, wait=wait, release=functools.partial(release, using=using))
 
 
 async def arenew(grant: Lease, *, ttl: float | None = None, using: str | None = None) -> Lease:
@@ -812,10 +598,12 @@ async def ahold(
     block (``current_grant()``, ``afenced_update``), and releases it on every
     exit, a cancellation included (``arelease``: the release completes even if
     the coroutine is cancelled again while it runs). With ``keepalive=True`` an
-    :class:`AsyncKeepAlive` task renews the lease while the block runs. As with
-    ``hold()``, a block that succeeded after its lease was lost ends with
-    ``LeaseLost`` from the release.
+    :class:`~coordination.keepalive.AsyncKeepAlive` task renews the lease while
+    the block runs. As with ``hold()``, a block that succeeded after its lease
+    was lost ends with ``LeaseLost`` from the release.
     """
+    from .keepalive import AsyncKeepAlive  # it renews through this module
+
     lease_seconds = app_settings.DEFAULT_TTL if ttl is None else ttl
     grant = await aacquire(key, holder=holder, ttl=ttl, wait=wait, using=using)
     keeper = AsyncKeepAlive(grant, ttl=lease_seconds, using=using).start() if keepalive else None
@@ -840,264 +628,11 @@ async def ahold(
         _current_grant.reset(reset)
 
 
-class AsyncKeepAlive:
-    """Keep ``grant``'s lease alive from an asyncio task until :meth:`stop`.
+def __getattr__(name: str) -> Any:
+    # ``locks.AsyncKeepAlive`` stays importable; it lives in coordination.keepalive,
+    # which renews through this module (imported on use: no import cycle).
+    if name == "AsyncKeepAlive":
+        from .keepalive import AsyncKeepAlive
 
-    The schedule and failure rules of the thread-based
-    :class:`~coordination.contrib.execution.KeepAlive`: a renewal a third of
-    ``ttl`` after the previous one started, by this process's monotonic clock;
-    a transient failure retried while the lease is certainly live; once that
-    deadline passes without a renewal, or on ``LeaseLost``, the grant is marked
-    lost (later fenced writes are refused) and ``signals.lock_lost`` is sent.
-    Each renewal runs on the app's thread pool.
-
-    Limit: the task runs on the event loop, so a coroutine that blocks the loop
-    (CPU-bound work, a sync call without ``sync_to_async``) stops the renewals
-    too; the lease survives a stall shorter than about two thirds of ``ttl``.
-    """
-
-    def __init__(self, grant: Lease, *, ttl: float, using: str | None = None) -> None:
-        self.grant = grant
-        self.ttl = float(ttl)
-        self.interval = self.ttl / 3
-        self.using = using
-        self.renewals = 0
-        self.retries = 0
-        self._deadline = time.monotonic() + max(
-            0.0, (grant.expires_at - grant.acquired_at).total_seconds()
-        )
-        self._task: asyncio.Task[None] | None = None
-        self._inflight: Future[Any] | None = None
-
-    def start(self) -> AsyncKeepAlive:
-        """Start the renewing task on the running event loop."""
-        self._task = asyncio.get_running_loop().create_task(
-            self._run(), name=f"coordination-keepalive-{self.grant.key}#{self.grant.token}"
-        )
-        return self
-
-    async def stop(self) -> None:
-        """Stop renewing; returns once a renewal in flight has finished, so that it
-        cannot land after the release that usually follows."""
-        task, self._task = self._task, None
-        if task is None:
-            return
-        task.cancel()
-        await asyncio.wait({task})
-        inflight = self._inflight
-        if inflight is not None and not inflight.done():
-            with suppress(Exception):
-                await asyncio.shield(asyncio.wrap_future(inflight))
-
-    async def _call(self, func: Callable[_P, _R], *args: _P.args, **kwargs: _P.kwargs) -> _R:
-        self._inflight = aio.submit(func, *args, **kwargs)
-        return await asyncio.wrap_future(self._inflight)
-
-    async def _run(self) -> None:
-        started = time.monotonic()
-        try:
-            now = await self._call(database_now, self.using)
-        except Exception as error:
-            logger.warning(
-                "keep-alive could not read the database clock %s",
-                LogFields(key=self.grant.key, token=self.grant.token, error=error),
-            )
-        else:
-            left = (self.grant.expires_at - now).total_seconds()
-            self._deadline = min(self._deadline, started + left)
-        next_due = self._deadline - self.ttl + self.interval
-        while True:
-            await asyncio.sleep(max(0.0, next_due - time.monotonic()))
-            started = time.monotonic()
-            if started >= self._deadline:
-                self._lose(TimeoutError(
-                    f"no renewal succeeded within the {self.ttl:g} s lease; it may have expired"
-                ))
-                return
-            try:
-                await self._call(renew, self.grant, ttl=self.ttl, using=self.using)
-            except LeaseLost:
-                return  # renew() marked the grant lost and sent lock_lost
-            except Exception as error:
-                left = self._deadline - time.monotonic()
-                if left <= 0:
-                    self._lose(error)
-                    return
-                self.retries += 1
-                logger.warning(
-                    "lease renewal failed, retrying %s",
-                    LogFields(
-                        key=self.grant.key, token=self.grant.token, error=error,
-                        lease_left=f"{left:.2f}s",
-                    ),
-                )
-                next_due = time.monotonic() + min(self.interval / 4, max(left / 3, 0.01))
-                continue
-            self._deadline = started + self.ttl
-            self.renewals += 1
-            next_due = started + self.interval
-
-    def _lose(self, error: BaseException) -> None:
-        self.grant.mark_lost()
-        logger.warning(
-            "lease renewal failed, the grant is marked lost %s",
-            LogFields(key=self.grant.key, token=self.grant.token, error=error),
-        )
-        signals.lock_lost.send(sender=Grant, grant=self.grant, error=error)
-
-
-# --- waiting: wake-ups and the fair queue ------------------------------------
-
-
-class _Waiter:
-    """A waiting acquire: its wake-up connection and its fair-queue ticket.
-
-    Where the backend announces releases (PostgreSQL LISTEN/NOTIFY), the waiter
-    listens on a connection of its own, opened before its next attempt, so
-    that a release committed after an attempt has read the lock always wakes
-    it (announcements queue on the connection until read). A wake-up is only
-    a hint to try again: the grant point decides.
-    """
-
-    def __init__(
-        self,
-        backend: GrantPoint,
-        key: str,
-        holder: str,
-        *,
-        fair: bool,
-        wait: float = 0.0,
-        wake_keys: Sequence[str] | None = None,
-    ) -> None:
-        self.backend, self.key, self.holder, self.fair = backend, key, holder, fair
-        # ``key`` names the queue the ticket is taken in (and the announcement a
-        # leaving or granted waiter makes); ``wake_keys`` the locks whose
-        # releases wake this waiter: the key itself for one lock, every slot for
-        # a permit (whose queue, ``key``, has no lock row), every key of a set.
-        self.wake_keys = tuple(wake_keys) if wake_keys is not None else (key,)
-        self.announced = frozenset((*self.wake_keys, key))
-        self.alias = backend.alias
-        self.ticket: int | None = None
-        self.listening: Listener | None = None
-        self.registered = False
-        self._wake_until = time.monotonic() + wait
-        self._heartbeat_at = 0.0
-
-    @property
-    def woken_by_notify(self) -> bool:
-        return self.listening is not None and self.registered
-
-    def __enter__(self) -> _Waiter:
-        self.listening = self.backend.listen()
-        if self.listening is not None:
-            self._register()
-        if self.fair:
-            self._take_ticket()
-        return self
-
-    def _register(self) -> None:
-        """Ask releases of the key to announce themselves until this waiter gives
-        up (and a second more). Until it has (no lock row yet), the waiter polls."""
-        seconds = max(self._wake_until - time.monotonic(), 0.0) + 1.0
-        try:
-            # Ask on every lock row (a list: no short cut). A key with no row yet
-            # was never granted, so it is free: whatever refuses this waiter is
-            # another key's lease (or the queue), whose end or announcement wakes
-            # it; a missed hint costs at most the lease's end or MAX_POLL_INTERVAL.
-            asked = [self.backend.ask_to_wake(key, seconds) for key in self.wake_keys]
-            self.registered = any(asked)
-        except Exception as error:
-            logger.warning("cannot ask for wake-ups, polling instead: %s", error)
-            self.registered = False
-
-    def __exit__(self, *exc_info: object) -> None:
-        if self.listening is not None:
-            self.listening.close()
-        if self.ticket is not None:
-            # Gave up (or failed): leave the queue at once, and let the next
-            # waiter know it may be first now.
-            with suppress(Exception):
-                Ticket.objects.using(self.alias).filter(pk=self.ticket).delete()
-                self.backend.wake(self.key)
-
-    def sleep(self, pause: float) -> None:
-        if self.fair:
-            # Keep the ticket alive: wake up in time to renew it.
-            pause = min(pause, float(app_settings.TICKET_TTL) / 3)
-        if self.listening is not None and self.registered:
-            self._wait_for_wake_up(pause)
-        else:
-            time.sleep(pause)
-            if self.listening is not None:
-                self._register()  # before the next attempt, so its release announces
-        if self.fair and time.monotonic() >= self._heartbeat_at:
-            self._heartbeat()
-
-    def _wait_for_wake_up(self, pause: float) -> None:
-        assert self.listening is not None
-        try:
-            self.listening.wait(self.announced, pause)
-        except Exception as error:
-            # The hint is lost, not the lock: poll from here on.
-            logger.warning("wake-up connection lost, polling instead: %s", error)
-            self.listening.close()
-            self.listening = None
-
-    def _take_ticket(self) -> None:
-        now = self.backend.now()
-        tickets = Ticket.objects.using(self.alias)
-        # Tickets of crashed waiters hold nobody up once expired; clear them away.
-        tickets.filter(lock_key=self.key, expires_at__lte=now).delete()
-        expires_at = now + dt.timedelta(seconds=app_settings.TICKET_TTL)
-        ticket = tickets.create(lock_key=self.key, holder=self.holder, expires_at=expires_at)
-        self.ticket = ticket.pk
-        self._heartbeat_at = time.monotonic() + float(app_settings.TICKET_TTL) / 3
-
-    def _heartbeat(self) -> None:
-        assert self.ticket is not None
-        expires_at = self.backend.now() + dt.timedelta(seconds=app_settings.TICKET_TTL)
-        kept = Ticket.objects.using(self.alias).filter(pk=self.ticket).update(expires_at=expires_at)
-        if not kept:
-            # Expired and removed by nobody, or deleted: queue again, at the back.
-            self._take_ticket()
-        self._heartbeat_at = time.monotonic() + float(app_settings.TICKET_TTL) / 3
-
-
-# --- input ---------------------------------------------------------------------
-
-
-def _grant_timings(
-    ttl: object, wait: object, lock_delay: object
-) -> tuple[float, float, float]:
-    """A grant's (ttl, wait, lock_delay) in seconds, defaults filled in from the
-    settings; ``InvalidInput`` for any out of its bounds."""
-    return (
-        _validate_ttl(app_settings.DEFAULT_TTL if ttl is None else ttl),
-        _validate_seconds(wait, "wait", upper=float(app_settings.MAX_WAIT)),
-        _validate_seconds(
-            app_settings.LOCK_DELAY if lock_delay is None else lock_delay,
-            "lock_delay", upper=float(app_settings.MAX_TTL),
-        ),
-    )
-
-
-def _validate_ttl(ttl: object) -> float:
-    return _validate_seconds(
-        ttl,
-        "ttl",
-        lower=float(app_settings.MIN_TTL),
-        upper=float(app_settings.MAX_TTL),
-    )
-
-
-def _validate_seconds(
-    value: object, name: str, *, lower: float = 0.0, upper: float
-) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidInput(f"{name} must be a number of seconds, not {type(value).__name__}")
-    seconds = float(value)
-    if not math.isfinite(seconds):
-        raise InvalidInput(f"{name} must be a finite number of seconds")
-    if seconds < lower or seconds > upper or (name == "ttl" and seconds <= 0):
-        raise InvalidInput(f"{name} must be between {lower:g} and {upper:g} seconds, not {seconds:g}")
-    return seconds
+        return AsyncKeepAlive
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -28,22 +28,15 @@ import time
 
 from django.db.models import Q
 
+from . import aio
 from .backends import get_backend
 from .backends.base import Acquired, GrantPoint, refuse_in_caller_transaction
 from .conf import app_settings
 from .exceptions import InvalidInput, LockHeld
 from .leases import Lease
-from .locks import (
-    _announce_grant,
-    _grant_point_call,
-    _grant_timings,
-    _Pace,
-    _release_quietly,
-    _Waiter,
-    await_grant,
-    database_now,
-)
+from .locks import database_now, release
 from .models import DatabaseNow, Lock, Ticket, validate_holder, validate_key
+from .waiting import Waiter, announce_grant, grant_timings, wait_for_grant
 
 __all__ = [
     "MAX_PERMITS", "aacquire_permit", "acquire_permit", "permit_keys", "permit_queue",
@@ -124,37 +117,18 @@ def acquire_permit(
     """
     keys = permit_keys(name, limit)
     holder = validate_holder(holder)
-    lease_seconds, wait, delay = _grant_timings(ttl, wait, lock_delay)
+    lease_seconds, wait, delay = grant_timings(ttl, wait, lock_delay)
     backend = get_backend(using)
     queue = permit_queue(name)
     started = time.monotonic()
-    with _grant_point_call("acquire", queue, using):
-        try:
-            acquired = _attempt(backend, name, keys, holder, lease_seconds, delay, None)
-        except LockHeld:
-            if wait <= 0:
-                raise
-            acquired = _wait_for_permit(backend, name, keys, holder, lease_seconds, delay, wait)
-    return _announce_grant(acquired, holder, time.monotonic() - started)
-
-
-def _wait_for_permit(
-    backend: GrantPoint, name: str, keys: list[str], holder: str, ttl: float, delay: float,
-    wait: float,
-) -> Acquired:
-    """Queue for a permit (a ticket in ``<name>@*``), woken by releases of every
-    slot and by the queue moving, until granted or ``wait`` is over."""
-    pace = _Pace(wait)
-    queue = permit_queue(name)
-    with _Waiter(backend, queue, holder, fair=True, wait=wait, wake_keys=keys) as waiter:
-        while True:
-            try:
-                acquired = _attempt(backend, name, keys, holder, ttl, delay, waiter.ticket)
-            except LockHeld as held:
-                waiter.sleep(pace.pause(held, woken=waiter.woken_by_notify))
-                continue
-            waiter.ticket = None  # consumed by the grant
-            return acquired
+    # Queued in ``<name>@*`` once refused, woken by releases of every slot and
+    # by the queue moving.
+    waiter = Waiter(backend, queue, holder, fair=True, wait=wait, wake_keys=keys)
+    acquired = wait_for_grant(
+        lambda ticket: _attempt(backend, name, keys, holder, lease_seconds, delay, ticket),
+        wait=wait, waiter=waiter, key=queue, using=using,
+    )
+    return announce_grant(acquired, holder, time.monotonic() - started)
 
 
 def _attempt(
@@ -234,7 +208,7 @@ async def aacquire_permit(
 
     Each attempt is one ``acquire_permit()`` call (``wait=0``) on the app's
     thread pool; a permit granted to a coroutine cancelled meanwhile is
-    released at once (``locks.await_grant``).
+    released at once (``aio.await_grant``).
     """
 
     def attempt() -> Lease:
@@ -242,7 +216,7 @@ async def aacquire_permit(
             name, limit=limit, holder=holder, ttl=ttl, lock_delay=lock_delay, using=using
         )
 
-    return await await_grant(attempt, functools.partial(_release_quietly, using=using), wait)
+    return await aio.await_grant(attempt, wait=wait, release=functools.partial(release, using=using))
 
 
 def _candidates(keys: list[str], alias: str) -> list[str]:

@@ -25,7 +25,7 @@ accepted the writer's write refuses a reader's late, read-derived write
 unchanged. Renew, release, keep-alives, ``use_grant`` and the fences take a
 reader's lease as any lease.
 
-The grant point's side is :mod:`coordination.backends.shared`.
+The grant point's side is :class:`coordination.backends.shared.SharedLeases`.
 """
 
 from __future__ import annotations
@@ -33,12 +33,12 @@ from __future__ import annotations
 import functools
 import time
 
+from . import aio
 from .backends import get_backend
-from .backends.shared import grant_shared
-from .exceptions import LockHeld
 from .leases import Lease
-from .locks import _announce_grant, _grant_timings, _Pace, _release_quietly, _Waiter, await_grant
+from .locks import release
 from .models import validate_holder, validate_key
+from .waiting import Waiter, announce_grant, grant_timings, wait_for_grant
 
 __all__ = ["aacquire_shared", "acquire_shared"]
 
@@ -79,27 +79,15 @@ def acquire_shared(
     """
     key = validate_key(key)
     holder = validate_holder(holder)
-    lease_seconds, wait, delay = _grant_timings(ttl, wait, lock_delay)
+    lease_seconds, wait, delay = grant_timings(ttl, wait, lock_delay)
     backend = get_backend(using)
     started = time.monotonic()
-    pace = _Pace(wait)
-    try:
-        acquired = grant_shared(backend, key, holder, lease_seconds, delay)
-    except LockHeld:
-        if wait <= 0:
-            raise
-        # Woken by the writer's release or revoke (PostgreSQL), else polling.
-        with _Waiter(backend, key, holder, fair=fair, wait=wait) as waiter:
-            while True:
-                try:
-                    acquired = grant_shared(
-                        backend, key, holder, lease_seconds, delay, waiter.ticket
-                    )
-                    waiter.ticket = None  # consumed by the grant
-                    break
-                except LockHeld as held:
-                    waiter.sleep(pace.pause(held, woken=waiter.woken_by_notify))
-    return _announce_grant(acquired, holder, time.monotonic() - started, mode=acquired.lease.mode)
+    # Woken by the writer's release or revoke (PostgreSQL), else polling.
+    acquired = wait_for_grant(
+        lambda ticket: backend.acquire_shared(key, holder, lease_seconds, delay, ticket),
+        wait=wait, waiter=Waiter(backend, key, holder, fair=fair, wait=wait), key=key, using=using,
+    )
+    return announce_grant(acquired, holder, time.monotonic() - started, mode=acquired.lease.mode)
 
 
 async def aacquire_shared(
@@ -115,10 +103,10 @@ async def aacquire_shared(
 
     Each attempt is one ``acquire_shared()`` call (``wait=0``) on the app's
     thread pool; a grant made for a coroutine cancelled meanwhile is released
-    at once (``locks.await_grant``).
+    at once (``aio.await_grant``).
     """
 
     def attempt() -> Lease:
         return acquire_shared(key, holder=holder, ttl=ttl, lock_delay=lock_delay, using=using)
 
-    return await await_grant(attempt, functools.partial(_release_quietly, using=using), wait)
+    return await aio.await_grant(attempt, wait=wait, release=functools.partial(release, using=using))

@@ -36,6 +36,7 @@ from ..models import (
     DatabaseNow,
     Grant,
     GrantEnd,
+    GrantMode,
     Lock,
     Ticket,
     TokenFloor,
@@ -382,16 +383,34 @@ class GrantPoint(abc.ABC):
                 for key in ordered
             ]
 
-    @abc.abstractmethod
     def renew(self, lease: Lease, ttl: float) -> dt.datetime:
         """Move the live ``lease``'s end to ``ttl`` seconds from now; return the new end.
+
+        A writer's lease is renewed by :meth:`renew_exclusive`, a reader's by
+        :meth:`renew_shared`. Raises ``LeaseLost`` if it is not a live lease.
+        """
+        if lease.mode == GrantMode.SHARED:
+            return self.renew_shared(lease, ttl)
+        return self.renew_exclusive(lease, ttl)
+
+    def release(self, lease: Lease) -> Ended:
+        """End ``lease``, a writer's (:meth:`release_exclusive`) or a reader's
+        (:meth:`release_shared`); never another holder's lease. Raises ``LeaseLost``
+        if it is not a current lease (after ending it as expired, if it ran out)."""
+        if lease.mode == GrantMode.SHARED:
+            return self.release_shared(lease)
+        return self.release_exclusive(lease)
+
+    @abc.abstractmethod
+    def renew_exclusive(self, lease: Lease, ttl: float) -> dt.datetime:
+        """Move the live writer ``lease``'s end to ``ttl`` seconds from now; return the new end.
 
         Raises the :func:`lease_refusal` (``LeaseLost``) if it is not the live lease.
         """
 
     @abc.abstractmethod
-    def release(self, lease: Lease) -> Ended:
-        """End ``lease`` and free its lock; never a newer holder's lease.
+    def release_exclusive(self, lease: Lease) -> Ended:
+        """End the writer ``lease`` and free its lock; never a newer holder's lease.
 
         Raises ``LeaseLost`` if it is not the lock's current lease. A current
         lease that has expired is still ended (as expired) and its lock freed;
@@ -401,7 +420,30 @@ class GrantPoint(abc.ABC):
     @abc.abstractmethod
     def revoke(self, key: str) -> Grant | None:
         """End the current lease of ``key`` (held or expired) as revoked and wake
-        its waiters. Returns the revoked Grant row, or None if the lock was free."""
+        its waiters; for a key held by readers, every reader's lease. Returns the
+        revoked Grant row (the newest reader's), or None if the lock was free."""
+
+    # --- shared (read) leases -----------------------------------------------------
+    #
+    # Readers of a key share its lock row and its token counter with the writers
+    # (coordination.backends.shared, mixed into every backend).
+
+    @abc.abstractmethod
+    def acquire_shared(
+        self, key: str, holder: str, ttl: float, lock_delay: float, ticket: int | None = None
+    ) -> Acquired:
+        """One attempt to grant ``key`` to ``holder`` as one more reader, with the
+        key's next token. ``ticket`` as for :meth:`acquire`. Raises the
+        :func:`grant_refusal` of the lock (a writer holds it, its lock-delay runs,
+        a fair waiter is ahead, no token left)."""
+
+    @abc.abstractmethod
+    def renew_shared(self, lease: Lease, ttl: float) -> dt.datetime:
+        """:meth:`renew` of a reader's lease (and of its group's with it)."""
+
+    @abc.abstractmethod
+    def release_shared(self, lease: Lease) -> Ended:
+        """:meth:`release` of a reader's lease; the last reader's frees the lock."""
 
     # --- the database clock ----------------------------------------------------
 

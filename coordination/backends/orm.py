@@ -25,7 +25,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import F
 
 from ..leases import Lease
-from ..models import Grant, GrantEnd, Lock, Ticket, TokenFloor, hash_lease_id
+from ..models import Grant, GrantEnd, GrantMode, Lock, Ticket, TokenFloor, hash_lease_id
 from ..watermarks import WatermarkTriggers
 from .base import (
     Acquired,
@@ -41,12 +41,14 @@ from .base import (
     next_token,
 )
 from .dialect import Dialect, Replication, WatermarksNotEnforced
+from .shared import SharedLeases
 
 __all__ = ["OrmDialect", "OrmGrantPoint"]
 
 
-class OrmGrantPoint(GrantPoint):
-    """The grant point as ORM transactions with ``select_for_update`` (any database)."""
+class OrmGrantPoint(SharedLeases):
+    """The grant point as ORM transactions with ``select_for_update`` (any database);
+    readers' shared leases from :class:`~coordination.backends.shared.SharedLeases`."""
 
     name = "orm"
 
@@ -96,7 +98,7 @@ class OrmGrantPoint(GrantPoint):
         )
         return Acquired(lease, taken_over)
 
-    def renew(self, lease: Lease, ttl: float) -> dt.datetime:
+    def renew_exclusive(self, lease: Lease, ttl: float) -> dt.datetime:
         alias = self.alias
         with self.transaction():
             lock = self._locked_row(lease.key)
@@ -113,7 +115,7 @@ class OrmGrantPoint(GrantPoint):
             )
         return expires_at
 
-    def release(self, lease: Lease) -> Ended:
+    def release_exclusive(self, lease: Lease) -> Ended:
         with self.transaction():
             lock = self._locked_row(lease.key)
             if lock is None:
@@ -144,10 +146,15 @@ class OrmGrantPoint(GrantPoint):
                 return None
             self._end_current(lock, GrantEnd.REVOKED, self.now())
             self.wake(key)
-        return (
+        revoked = (
             Grant.objects.using(self.alias).select_related("lock")
             .filter(lock_id=lock.pk, token=lock.token).first()
         )
+        if revoked is not None and revoked.mode == GrantMode.SHARED:
+            # The readers' group ended with its newest reader's row; the other
+            # readers of the group are closed as revoked too.
+            self.close_revoked_readers(revoked)
+        return revoked
 
     # --- the row and its history ----------------------------------------------
 

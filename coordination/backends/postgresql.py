@@ -687,7 +687,7 @@ class PostgreSQLGrantPoint(PostgreSQLOrmGrantPoint):
         )
         return Acquired(lease, taken_over)
 
-    def release(self, lease: Lease) -> Ended:
+    def release_exclusive(self, lease: Lease) -> Ended:
         refuse_in_caller_transaction(self.connection)
         released, now, ended_at, end_reason, lock_id, token, holder, lease_hash, expires_at = (
             self.call(RELEASE, (

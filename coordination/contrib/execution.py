@@ -8,7 +8,7 @@ task bodies through :class:`FencedExecution`, so both behave the same way:
   task id is not a holder identity: retries and broker redeliveries share it;
 - the grant is the current one for fenced writes (``locks.use_grant``) while
   the body runs, and only then;
-- a :class:`KeepAlive` thread with its own database connection renews the
+- a :class:`~coordination.keepalive.KeepAlive` thread with its own database connection renews the
   lease a third of ``ttl`` after each renewal started, retries a failed one
   while the lease is certainly live, and marks the grant lost once it may
   have expired, so later fenced writes of the body are refused instead of
@@ -31,26 +31,23 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
-import heapq
 import inspect
 import logging
 import os
 import random
 import socket
-import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from contextlib import AbstractContextManager, suppress
+from contextlib import AbstractContextManager
 from typing import Any, Literal, Required, TypedDict, TypeVar, Unpack, cast, get_args
-
-from django.db import connections
 
 from .. import aio, jobs, locks, signals
 from ..conf import app_settings
 from ..exceptions import InvalidInput, LeaseLost, LockHeld
+from ..keepalive import AsyncKeepAlive, KeepAlive
 from ..leases import Lease
 from ..logfields import LogFields
-from ..models import HOLDER_MAX_LENGTH, Grant, JobOutcome, WhenPaused, validate_key
+from ..models import HOLDER_MAX_LENGTH, JobOutcome, WhenPaused, validate_key
 from ..semaphores import aacquire_permit, acquire_permit, permit_keys
 
 __all__ = [
@@ -164,285 +161,6 @@ def deferred(key: str, detail: str) -> Skipped:
     return Skipped(coordination="deferred", reason="paused", key=key, detail=detail)
 
 
-class KeepAlive:
-    """Keep ``grant``'s lease alive from a thread of its own until :meth:`stop`.
-
-    Schedule. The thread knows, by its own monotonic clock, an instant before
-    which the lease is certainly live by the database's clock (its *deadline*):
-    a renewal whose call started at local time ``t`` moves the expiry to the
-    database's ``now + ttl``, read after ``t``, so the lease lasts at least
-    until ``t + ttl``. The first deadline comes from a read of the database
-    clock half way to the first renewal (a sixth of ``ttl`` after the start),
-    which also opens the thread's connection well before that renewal is due;
-    a body that ends sooner (most task bodies) costs no connection and no
-    thread at all: until then the keep-alive only waits in the process's one
-    shared starter thread, which starts the keep-alive's own thread at that
-    point if :meth:`stop` has not been called. Each renewal is due a third of
-    ``ttl`` after the previous one *started*, so a slow or late renewal moves
-    the next one earlier instead of letting the delays add up.
-
-    Failures. ``LeaseLost`` from ``renew()`` (the lease expired by the
-    database's clock, was revoked or taken over) is final: ``renew()`` has
-    marked the grant lost and sent ``signals.lock_lost``. Any other error (the
-    database unreachable, a connection reset) is retried, on a fresh
-    connection, while the deadline is ahead; the database itself refuses a
-    renewal that arrives after the lease expired by its clock. Once the
-    deadline passes without a renewal, the lease may have expired: the grant
-    is marked lost, ``signals.lock_lost`` is sent, and the thread stops, so
-    the body's later fenced writes fail with ``LeaseLost`` instead of applying.
-
-    Limits. A renewal needs this process to run Python: a task body inside
-    one long C call that holds the GIL (``sum(range(10**9))``, some C
-    extensions) stops the keep-alive until the call returns, and the lease
-    is lost after ``ttl``. A renewal call stuck in the database driver is
-    only judged when it returns. The lease survives any stall shorter than
-    about two thirds of ``ttl``; docs/celery.md gives the shortest ``ttl``
-    that is safe on a loaded machine.
-    """
-
-    def __init__(
-        self, grant: Lease, *, ttl: float, using: str | None = None, linked: Lease | None = None
-    ) -> None:
-        self.grant = grant
-        #: A lease marked lost together with ``grant`` (an execution's key grant,
-        #: for the keep-alive of its policy permit): work that needs both stops
-        #: writing once either is lost.
-        self.linked = linked
-        self.ttl = ttl
-        self.interval = ttl / 3
-        self.using = using
-        #: Successful renewals, failed attempts that were retried, and the
-        #: longest renew() call in seconds: for logs, tests and tuning.
-        self.renewals = 0
-        self.retries = 0
-        self.slowest_renewal = 0.0
-        self._stopping = threading.Event()
-        # Until the thread has read the database clock: the grant was acquired
-        # just before (FencedExecution starts its keep-alive right after
-        # acquire), so its lease is assumed to run from now.
-        self._deadline = time.monotonic() + max(
-            0.0, (grant.expires_at - grant.acquired_at).total_seconds()
-        )
-        self._thread = threading.Thread(
-            target=self._run, name=f"coordination-keepalive-{grant.key}#{grant.token}", daemon=True
-        )
-        # Orders the starter's start of the thread against stop(): a keep-alive
-        # stopped first never starts its thread; one started first is joined.
-        self._start_lock = threading.Lock()
-        self._started = False
-
-    def start(self) -> KeepAlive:
-        """Schedule the keep-alive; its own thread starts half way to the first
-        renewal (see the class's schedule), from the process's starter thread."""
-        _starter().schedule(self, time.monotonic() + self.interval / 2)
-        return self
-
-    def stop(self) -> None:
-        """Stop renewing; returns once a renewal in flight has finished (or ``ttl`` passed).
-
-        A renewal stuck on an unreachable database must not hold up the task's
-        exit: after ``ttl`` the lease is over anyway, and a renewal that lands
-        after the release fails harmlessly.
-        """
-        with self._start_lock:
-            self._stopping.set()
-            started = self._started
-        if not started:
-            _starter().forget()
-            return
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(max(self.ttl, 1.0))
-
-    def _start_thread(self) -> None:
-        """Called by the starter thread once the first renewal draws near: start
-        renewing unless stop() came first. A thread that cannot be started
-        (the process is out of threads) leaves the lease unrenewed: the grant
-        is marked lost at once, so the body's later fenced writes are refused."""
-        with self._start_lock:
-            if self._stopping.is_set():
-                return
-            try:
-                self._thread.start()
-            except Exception as error:
-                self._stopping.set()
-                failed: BaseException | None = error
-            else:
-                self._started = True
-                failed = None
-        if failed is not None:
-            self._lose(failed)
-
-    def _run(self) -> None:
-        try:
-            # Opening a connection costs a new server process, several times a
-            # grant: only a body still running half way to the first renewal
-            # pays it (the starter thread starts this one at that point).
-            if self._stopping.is_set():
-                return
-            self._learn_deadline()
-            next_due = self._deadline - self.ttl + self.interval
-            while True:
-                if self._stopping.wait(max(0.0, next_due - time.monotonic())):
-                    return
-                started = time.monotonic()
-                if started >= self._deadline:
-                    self._lose(TimeoutError(
-                        f"no renewal succeeded within the {self.ttl:g} s lease; it may have expired"
-                    ))
-                    return
-                try:
-                    locks.renew(self.grant, ttl=self.ttl, using=self.using)
-                except LeaseLost:
-                    # renew() marked the grant lost and sent lock_lost.
-                    if self.linked is not None:
-                        self.linked.mark_lost()
-                    return
-                except Exception as error:
-                    left = self._deadline - time.monotonic()
-                    if left <= 0:
-                        self._lose(error)
-                        return
-                    # A transient failure: retry on a fresh connection while the
-                    # lease is certainly live, a few times before the deadline.
-                    self.retries += 1
-                    self._reset_connection()
-                    logger.warning(
-                        "lease renewal failed, retrying %s",
-                        LogFields(
-                            key=self.grant.key, token=self.grant.token, error=error,
-                            lease_left=f"{left:.2f}s",
-                        ),
-                    )
-                    next_due = time.monotonic() + min(self.interval / 4, max(left / 3, 0.01))
-                    continue
-                took = time.monotonic() - started
-                self._deadline = started + self.ttl
-                self.renewals += 1
-                self.slowest_renewal = max(self.slowest_renewal, took)
-                if took > self.interval:
-                    logger.warning(
-                        "lease renewal slow %s",
-                        LogFields(
-                            key=self.grant.key, token=self.grant.token, took=f"{took:.2f}s",
-                            ttl=f"{self.ttl:g}s",
-                        ),
-                    )
-                next_due = started + self.interval
-        finally:
-            connections.close_all()
-
-    def _learn_deadline(self) -> None:
-        """Read the database clock once: it opens this thread's connection now,
-        half way to the first renewal, not when that renewal is due, and bounds
-        the lease by the clock that decides it. A failure keeps the estimate
-        made at construction."""
-        started = time.monotonic()
-        try:
-            now = locks.database_now(self.using)
-        except Exception as error:
-            self._reset_connection()
-            logger.warning(
-                "keep-alive could not read the database clock %s",
-                LogFields(key=self.grant.key, token=self.grant.token, error=error),
-            )
-            return
-        left = (self.grant.expires_at - now).total_seconds()
-        self._deadline = min(self._deadline, started + left)
-
-    def _reset_connection(self) -> None:
-        with suppress(Exception):  # a broken connection may fail to close
-            connections[self.using or app_settings.DATABASE].close()
-
-    def _lose(self, error: BaseException) -> None:
-        self.grant.mark_lost()
-        if self.linked is not None:
-            self.linked.mark_lost()
-        logger.warning(
-            "lease renewal failed, the grant is marked lost %s",
-            LogFields(key=self.grant.key, token=self.grant.token, error=error),
-        )
-        signals.lock_lost.send(sender=Grant, grant=self.grant, error=error)
-
-
-class _Starter:
-    """The process's one thread that starts keep-alive threads when they are due.
-
-    Most task bodies end long before their lease needs its first renewal; a
-    thread of their own would cost them its start and join on every execution
-    (about 0.3 ms on an idle machine, several on a loaded one), in the task's
-    own latency. Scheduled keep-alives wait here instead, in a heap by due
-    time, and only those still running at their due time get a thread. A
-    stopped keep-alive stays in the heap until its due time (it is skipped
-    then) unless enough of them pile up to rebuild the heap without them.
-    """
-
-    def __init__(self) -> None:
-        self.pid = os.getpid()
-        self._wake = threading.Condition(threading.Lock())
-        self._due: list[tuple[float, int, KeepAlive]] = []
-        self._count = 0
-        self._forgotten = 0
-        self._thread = threading.Thread(
-            target=self._run, name="coordination-keepalive-starter", daemon=True
-        )
-        self._thread.start()
-
-    def schedule(self, keeper: KeepAlive, due: float) -> None:
-        with self._wake:
-            self._count += 1
-            heapq.heappush(self._due, (due, self._count, keeper))
-            if self._due[0][2] is keeper:
-                self._wake.notify()
-
-    def forget(self) -> None:
-        """A scheduled keep-alive was stopped before its thread started."""
-        with self._wake:
-            self._forgotten += 1
-            if self._forgotten > 64 and 2 * self._forgotten > len(self._due):
-                self._due = [entry for entry in self._due if not entry[2]._stopping.is_set()]
-                heapq.heapify(self._due)
-                self._forgotten = 0
-
-    def _run(self) -> None:
-        while True:
-            with self._wake:
-                while not self._due or self._due[0][0] > time.monotonic():
-                    self._wake.wait(self._due[0][0] - time.monotonic() if self._due else None)
-                _due, _count, keeper = heapq.heappop(self._due)
-                if keeper._stopping.is_set():
-                    self._forgotten = max(0, self._forgotten - 1)
-                    continue
-            try:
-                keeper._start_thread()
-            except Exception:  # never let one keep-alive stop the starter
-                logger.exception("keep-alive could not be started")
-
-
-_starter_lock = threading.Lock()
-_the_starter: _Starter | None = None
-
-
-def _starter() -> _Starter:
-    """This process's starter thread, made on first use (again in a forked child,
-    which inherits the object but not the thread)."""
-    global _the_starter
-    starter = _the_starter
-    if starter is not None and starter.pid == os.getpid():
-        return starter
-    with _starter_lock:
-        if _the_starter is None or _the_starter.pid != os.getpid():
-            _the_starter = _Starter()
-        return _the_starter
-
-
-def _forget_starter_in_child() -> None:
-    # A child forked while another thread held the lock would wait on it forever.
-    global _the_starter, _starter_lock
-    _the_starter = None
-    _starter_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_starter_in_child)
 
 
 class _ExecutionOptions(TypedDict, total=False):
@@ -514,6 +232,16 @@ class _Execution:
             f"task {self.name} is paused by job policy {self.policy.task!r}; "
             f"{'skipped' if self.policy.when_paused == WhenPaused.SKIP else 'deferred'}"
         )
+
+    def _skip_busy(self, held: LockHeld, sender: Any) -> Skipped:
+        """``on_busy="skip"``: the one way both kinds of execution log, count and
+        signal a task skipped because its lock (or every permit) stayed held."""
+        logger.warning("task skipped %s", LogFields(task=self.label, detail=held.detail))
+        self._tally(JobOutcome.SKIPPED)
+        signals.task_skipped.send(
+            sender=sender, task=self.task, key=self.key, reason="lock_held", error=held
+        )
+        return skipped("lock_held", self.key, held.detail)
 
     def _skip_paused(self, sender: Any) -> Skipped:
         detail = self._paused_detail()
@@ -701,12 +429,7 @@ class FencedExecution(_Execution):
         sender: Any,
     ) -> Skipped:
         if on_busy == "skip":
-            logger.warning("task skipped %s", LogFields(task=self.label, detail=held.detail))
-            self._tally(JobOutcome.SKIPPED)
-            signals.task_skipped.send(
-                sender=sender, task=self.task, key=self.key, reason="lock_held", error=held
-            )
-            return skipped("lock_held", self.key, held.detail)
+            return self._skip_busy(held, sender)
         if on_busy == "retry" and retry is not None:
             countdown = retry_countdown(held)
             logger.info(
@@ -721,7 +444,7 @@ class AsyncFencedExecution(_Execution):
     """:class:`FencedExecution` for an ``async def`` task body: the same rules,
     on the event loop.
 
-    The grant comes from ``locks.aacquire``, an :class:`~coordination.locks.AsyncKeepAlive`
+    The grant comes from ``locks.aacquire``, an :class:`~coordination.keepalive.AsyncKeepAlive`
     task keeps the lease alive while the body is awaited, the grant is current
     for fenced writes (``current_grant()``, ``afenced_update``) in the body's
     context only, and the lease is released on every exit path, a cancellation
@@ -769,7 +492,7 @@ class AsyncFencedExecution(_Execution):
             if self.max_running is not None and self.name is not None:
                 # The wait for a permit may outlast the key's lease: keep it alive.
                 waiting = (
-                    locks.AsyncKeepAlive(grant, ttl=self.ttl, using=self.using).start()
+                    AsyncKeepAlive(grant, ttl=self.ttl, using=self.using).start()
                     if self.keepalive and self.wait > 0 else None
                 )
                 try:
@@ -786,16 +509,11 @@ class AsyncFencedExecution(_Execution):
                     raise
         except LockHeld as held:
             if on_busy == "skip":
-                logger.warning("task %s skipped: %s", self.label, held.detail)
-                await aio.run_sync(self._tally, JobOutcome.SKIPPED)
-                signals.task_skipped.send(
-                    sender=sender, task=self.task, key=self.key, reason="lock_held", error=held
-                )
-                return skipped("lock_held", self.key, held.detail)
+                return await aio.run_sync(self._skip_busy, held, sender)
             raise
         leases = [grant] if self.permit is None else [grant, self.permit]
         keepers = [
-            locks.AsyncKeepAlive(lease, ttl=self.ttl, using=self.using).start() for lease in leases
+            AsyncKeepAlive(lease, ttl=self.ttl, using=self.using).start() for lease in leases
         ] if self.keepalive else []
         try:
             with locks.use_grant(grant):

@@ -4,27 +4,14 @@ raises GrantPointUnavailable, and the next call connects again
 
 from __future__ import annotations
 
-import psycopg
 import pytest
-from django.db import connection
 
 from coordination import locks
 from coordination.exceptions import GrantPointUnavailable
 from coordination.models import Grant
+from tests.support.connections import cut_this_connection
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
-
-
-def cut_this_connection() -> None:
-    """Terminate this thread's server process from another connection, as a
-    failover does to every connection of the old primary."""
-    connection.ensure_connection()
-    pid = connection.connection.info.backend_pid
-    params = connection.get_connection_params()
-    for django_only in ("cursor_factory", "context", "server_side_binding"):
-        params.pop(django_only, None)
-    with psycopg.connect(**params, autocommit=True) as other:
-        other.execute("SELECT pg_terminate_backend(%s)", (pid,))
 
 
 def test_an_acquire_on_a_cut_connection_raises_unavailable_and_returns_no_lease() -> None:

@@ -24,6 +24,7 @@ from coordination import locks
 from coordination.exceptions import LockHeld
 from coordination.models import Grant, GrantEnd
 from coordination.semaphores import acquire_permit
+from coordination.waiting import Waiter
 from project.demo.models import Account
 from tests.support.factories import AccountFactory
 from tests.support.waiting import run_in_threads
@@ -62,13 +63,13 @@ def test_acquire_many_with_wait_is_granted_once_the_held_key_is_released(
     # sleep between two attempts runs), so the grant can only come by way of
     # the wait path, never from a first try that found the key already free.
     waiting = threading.Event()
-    sleep = locks._Waiter.sleep
+    sleep = Waiter.sleep
 
     def observed_sleep(waiter: Any, pause: float) -> None:
         waiting.set()
         sleep(waiter, pause)
 
-    monkeypatch.setattr(locks._Waiter, "sleep", observed_sleep)
+    monkeypatch.setattr(Waiter, "sleep", observed_sleep)
 
     def waiter(_: int) -> dict[str, int]:
         grants = locks.acquire_many(["pair:a", "pair:b"], holder="mover", ttl=30, wait=30)
