@@ -25,7 +25,6 @@ Every refusal is recorded as a :class:`~coordination.models.Rejection`.
 
 from __future__ import annotations
 
-import copy
 import getpass
 import json
 import logging
@@ -35,22 +34,18 @@ import socket
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
-from functools import cache, lru_cache
-from typing import Any, ClassVar, NamedTuple, NoReturn, Self, TypeVar, cast, overload
+from functools import cache
+from typing import Any, ClassVar, NamedTuple, NoReturn, TypeVar, cast, overload
 
 from django.core.exceptions import (
-    EmptyResultSet,
     FieldDoesNotExist,
     FieldError,
-    FullResultSet,
     ValidationError,
 )
 from django.db import DatabaseError, IntegrityError, connections, models, router, transaction
-from django.db.models import F, Q, Value
-from django.db.models.expressions import Col, Expression
+from django.db.models import F, Func, Lookup, Q, Value
+from django.db.models.expressions import Expression
 from django.db.models.functions import Cast, Concat
-from django.db.models.lookups import Exact, IntegerFieldExact
-from django.db.models.sql.where import AND, WhereNode
 
 from . import aio, results, signals, watermarks
 from .backends import get_backend
@@ -162,24 +157,13 @@ class FencedQuerySet(models.QuerySet[_Model]):
                 using=self.db,
             )
         token = grant.token
-        # A write alias as update() picks it (self.db would be the read alias).
-        queryset: Any = self  # _db and _hints are QuerySet's own, not in the stubs
-        alias = queryset._db or router.db_for_write(model, **queryset._hints)
-        connection = connections[alias]
-        statement = _fenced_statement(model, alias, connection.vendor, tuple(values), tuple(binding))
-        admitted: models.QuerySet[Any] | None = None
+        admitted, fits = _admitted(self, token, write_step, binding)
         # A refused write changes nothing, and the watermark only rises, so a
         # refusal found by the reads below still holds; the loop is for a row
         # deleted and re-created in between.
         for _attempt in range(3):
-            written = (
-                None if statement is None
-                else statement.execute(self, connection, alias, token, write_step, binding, values)
-            )
-            if written is None:  # a shape the compiled statement does not cover
-                if admitted is None:
-                    admitted = _admitted(self, token, write_step, binding)
-                written = admitted.update(fence=token, fence_step=write_step, **values)
+            written = admitted.update(fence=token, fence_step=write_step, **values)
+            self._result_cache = None  # as update() leaves the queryset it ran on
             if written:
                 # send() returns at once when nobody listens; has_listeners() first
                 # would resolve the receivers twice (the app's own always listen).
@@ -188,8 +172,7 @@ class FencedQuerySet(models.QuerySet[_Model]):
                 )
                 return written
             # Only a refusal needs the guarded rows on their own, to explain it.
-            empty = (admitted if admitted is not None else self).query.is_empty()
-            guarded = self.none() if empty else self.filter(**binding)
+            guarded = self.filter(**binding) if fits else self.none()
             rows = list(guarded.values_list("pk", "fence", "fence_step")[:1])
             if not rows:
                 if self.exists():
@@ -231,309 +214,57 @@ class FencedQuerySet(models.QuerySet[_Model]):
 
 def _admitted(
     rows: models.QuerySet[Any], token: int, step: int, binding: Mapping[str, str]
-) -> models.QuerySet[Any]:
+) -> tuple[models.QuerySet[Any], bool]:
     """``rows`` narrowed to those ``(token, step)`` may write: bound to the lock key
-    and below the watermark (:class:`_Admits`); none if the key's values do not
-    fit the fields they bind."""
-    model: Any = rows.model
+    and below the watermark (:class:`_Admits`), and whether the key's values fit
+    the fields they bind (if not, no row is admitted)."""
     try:
-        columns = _binding_columns(model, tuple(binding))
-        bound: tuple[tuple[str, models.Field[Any, Any], Any], ...]
-        if columns is None:
-            admitted, bound = rows.filter(**binding), ()
-        else:
-            admitted = rows.all()
-            bound = tuple(
-                (column, field, field.to_python(binding[name]))
-                for name, (column, field) in zip(binding, columns, strict=True)
-            )
-        # Added to the WHERE as it stands: filter() would wrap it in a lookup.
-        query = admitted.query
-        query.where.add(_Admits(model, token, step, bound, query.get_initial_alias()), AND)
+        return rows.filter(_Admits(token, step), **binding), True
     except (ValueError, ValidationError, FieldError):
-        return rows.none()
-    return admitted
+        return rows.none(), False
 
 
-class _FencedStatement(NamedTuple):
-    """A fenced UPDATE of one shape (model, database, fields set, lock-key binding),
-    its SQL put together once and reused with each write's values.
+class _Watermark(Func):
+    """A fenced row's watermark, ``(fence, fence_step)``, as one row value."""
 
-    The SQL is what ``_admitted(rows).update(...)`` compiles to, ``UPDATE t SET
-    fence = %s, fence_step = %s, ... WHERE (the caller's filter) AND
-    (t.fence, t.fence_step) < (%s, %s) AND t.pk = %s``: the same watermark rule
-    (:class:`_Admits`), without a queryset clone and the compiling of the SET
-    list and the condition per write, which was most of what a fenced write
-    cost over a plain ``update()``. Only the caller's filter is compiled per
-    write. :meth:`execute` returns None for what it does not cover (joins, a
-    slice, expressions or model instances as values, NULLs), which then goes
-    through ``update()``.
+    template = "(%(expressions)s)"
+    output_field = models.BigIntegerField()
+
+    def __init__(self) -> None:
+        super().__init__(F("fence"), F("fence_step"))
+
+
+class _WatermarkCondition(Lookup):
+    """A condition on a fenced row's watermark, ``(fence, fence_step) <op> (token,
+    step)``: the watermark rule as one row comparison. A lookup passed to
+    ``filter()``: its columns resolve as ``F()`` does (a multi-table child's
+    through the join to its parent's row), and Django compiles the statement
+    around it, on each Django this app supports.
     """
 
-    head: str
-    """``UPDATE t SET fence = %s, fence_step = %s, <values> = %s WHERE ``"""
-    fields: tuple[models.Field[Any, Any], ...]
-    """The fields of the caller's values, in the order of ``head``."""
-    admits: str
-    """The watermark rule and the binding's ``column = %s`` terms."""
-    bound: tuple[tuple[str, models.Field[Any, Any]], ...]
-    """(name in the lock key's template, field) of each binding term."""
-    table: str
+    operator: ClassVar[str]
+    prepare_rhs = False
 
-    def execute(
-        self, rows: models.QuerySet[Any], connection: Any, alias: str, token: int, step: int,
-        binding: Mapping[str, str], values: Mapping[str, Any],
-    ) -> int | None:
-        """Run the UPDATE for ``rows``: the number of rows written, or None if this
-        write is not of the statement's shape (nothing was sent).
+    def __init__(self, token: int, step: int) -> None:
+        super().__init__(_Watermark(), (token, step))
 
-        Like ``update()``, an error marks the caller's atomic block for rollback,
-        and a watermark trigger's refusal is raised as ``FencedQuerySet.update()``
-        names it."""
-        with transaction.mark_for_rollback_on_error(using=alias):
-            bound = self.bind(rows.query, connection, alias, token, step, binding, values)
-            if bound is None:
-                return None
-            sql, params = bound
-            if not sql:  # the caller's filter matches nothing
-                return 0
-            try:
-                with connection.cursor() as cursor:
-                    cursor.execute(sql, params)
-                    written: int = cursor.rowcount
-            except IntegrityError as error:
-                refused = _explain_refusal(
-                    error, _admitted(rows, token, step, binding),
-                    {"fence": token, "fence_step": step, **values},
-                )
-                if refused is None:
-                    raise
-                raise refused from error
-        rows._result_cache = None  # as update() leaves it
-        return written
-
-    def bind(
-        self, query: Any, connection: Any, alias: str, token: int, step: int,
-        binding: Mapping[str, str], values: Mapping[str, Any],
-    ) -> tuple[str, list[Any]] | None:
-        """The SQL and parameters of one write; ``("", [])`` if the caller's filter
-        matches nothing; None if the write is not of this statement's shape."""
-        tables = query.alias_map
-        if (
-            (tables and (len(tables) > 1 or self.table not in tables))
-            or query.is_sliced or query.combinator or query.distinct_fields
-            or query.annotations or query.order_by or query.is_empty()
-        ):
-            return None
-        params: list[Any] = [token, step]
-        for field, value in zip(self.fields, values.values(), strict=True):
-            if (
-                value is None or hasattr(value, "resolve_expression")
-                or hasattr(value, "prepare_database_save")
-            ):
-                return None
-            value = field.get_db_prep_save(value, connection=connection)
-            if hasattr(value, "as_sql"):
-                return None
-            params.append(value)
-        try:
-            keyed = [field.to_python(binding[name]) for name, field in self.bound]
-        except (ValueError, ValidationError):
-            return None
-        sql = self.head + self.admits
-        if not self.repeats_binding(query.where, keyed):
-            try:
-                where, where_params = query.get_compiler(alias).compile(query.where)
-            except FullResultSet:
-                pass
-            except EmptyResultSet:
-                return "", []
-            else:
-                sql = f"{self.head}({where}) AND {self.admits}"
-                params.extend(where_params)
-        params.append(token)
-        params.append(step)
-        for (_name, field), value in zip(self.bound, keyed, strict=True):
-            params.append(field.get_db_prep_value(value, connection))
-        return sql, params
-
-    def repeats_binding(self, where: WhereNode, keyed: Sequence[Any]) -> bool:
-        """Whether the caller's filter is one of the binding's own terms, the same
-        column and value (``filter(pk=7)`` with the key ``account:7``, as
-        ``fenced_save`` writes): ``term AND term`` is ``term``, so the filter is
-        not compiled again nor sent twice. Only Django's own exact lookup on a
-        column of the table, with a plain value of the same type and equal, counts."""
-        if where.connector != AND or where.negated or len(where.children) != 1:
-            return False
-        lookup: Any = where.children[0]
-        if (
-            type(lookup) not in _EXACT_LOOKUPS or type(lookup.lhs) is not Col
-            or lookup.lhs.alias != self.table
-        ):
-            return False
-        for (_name, field), value in zip(self.bound, keyed, strict=True):
-            if lookup.lhs.target is field:
-                return type(lookup.rhs) is type(value) and bool(lookup.rhs == value)
-        return False
-
-
-# Django's ``=`` of a column and a value (integer columns have their own class).
-_EXACT_LOOKUPS = frozenset({Exact, IntegerFieldExact})
-
-
-@lru_cache(maxsize=256)
-def _fenced_statement(
-    model: type[models.Model], alias: str, vendor: str, names: tuple[str, ...],
-    binding: tuple[str, ...],
-) -> _FencedStatement | None:
-    """The statement of fenced writes of ``names`` to ``model`` on ``alias`` under a
-    lock key binding ``binding``, or None if some part needs Django's ``update()``:
-    a field in a parent table (multi-table inheritance: ``update()`` writes it
-    with a second UPDATE), a generated or non-concrete one, one with its own
-    placeholder SQL, or a binding through a relation. ``vendor`` is in the key
-    because the alias's connection may be replaced (tests, settings changes)."""
-    meta = model._meta
-    columns = _binding_columns(model, binding)
-    if columns is None:
-        return None
-    fields = []
-    for name in ("fence", "fence_step", *names):
-        try:
-            field = meta.get_field(name)
-        except FieldDoesNotExist:
-            return None
-        if (
-            name == "pk" or not isinstance(field, models.Field) or not field.concrete
-            or field.column is None or field.many_to_many or getattr(field, "generated", False)
-            or field.model is not model
-            or getattr(field, "get_placeholder_sql", None) is not None
-            or getattr(field, "get_placeholder", None) is not None
-        ):
-            return None
-        fields.append(field)
-    quote = connections[alias].ops.quote_name
-    table = meta.db_table
-    assignments = ", ".join(f"{quote(cast(str, field.column))} = %s" for field in fields)
-    return _FencedStatement(
-        head=f"UPDATE {quote(table)} SET {assignments} WHERE ",
-        fields=tuple(fields[2:]),
-        admits=_admits_sql(
-            f"{quote(table)}.", quote, _fence_columns(model), [column for column, _ in columns]
-        ),
-        bound=tuple((name, field) for name, (_column, field) in zip(binding, columns, strict=True)),
-        table=table,
-    )
-
-
-class _WatermarkCondition(Expression):
-    """A condition on a fenced table's watermark columns, compiled by hand.
-
-    Compiled as it stands, it costs a fraction of the equivalent Q tree and
-    filter lookups, which is most of what a fenced write adds to an update().
-    Subclasses write the SQL from :meth:`columns_sql`.
-    """
-
-    output_field = models.BooleanField()
-
-    def __init__(self, model: type[models.Model], token: int, step: int, alias: str | None) -> None:
-        super().__init__()
-        self.columns = _fence_columns(model)
-        self.params: tuple[Any, ...] = (token, step)
-        self.alias = alias
-
-    def resolve_expression(self, *args: Any, **kwargs: Any) -> Self:
-        return self
-
-    def relabeled_clone(self, change_map: Mapping[str, str]) -> Self:
-        # The query's tables renamed (as a subquery of an UPDATE with joins).
-        clone = copy.copy(self)
-        if clone.alias is not None:
-            clone.alias = change_map.get(clone.alias, clone.alias)
-        return clone
-
-    def table_prefix(self, compiler: Any) -> str:
-        # Django 6.1 renamed quote_name_unless_alias to quote_name.
-        quote_alias = getattr(compiler, "quote_name", None) or compiler.quote_name_unless_alias
-        return f"{quote_alias(self.alias)}." if self.alias else ""
+    def as_sql(self, compiler: Any, connection: Any) -> tuple[str, tuple[Any, ...]]:
+        watermark, params = compiler.compile(self.lhs)
+        return f"{watermark} {self.operator} (%s, %s)", (*params, *self.rhs)
 
 
 class _Admits(_WatermarkCondition):
-    """The rows a write may change: the watermark rule as one row comparison,
-    ``(fence, fence_step) < (token, step)`` (fence < token OR fence = token AND
-    fence_step < step), and the lock's binding as ``column = value`` terms.
-    """
+    """The rows a fenced write may change: ``(fence, fence_step) < (token, step)``
+    (fence < token OR fence = token AND fence_step < step), strictly below."""
 
-    def __init__(
-        self, model: type[models.Model], token: int, step: int,
-        bound: tuple[tuple[str, models.Field[Any, Any], Any], ...], alias: str | None,
-    ) -> None:
-        super().__init__(model, token, step, alias)
-        self.bound = bound
-
-    def as_sql(self, compiler: Any, connection: Any) -> tuple[str, tuple[Any, ...]]:
-        sql = _admits_sql(
-            self.table_prefix(compiler), connection.ops.quote_name, self.columns,
-            [column for column, _, _ in self.bound],
-        )
-        params: list[Any] = list(self.params)
-        for _column, field, value in self.bound:
-            params.append(field.get_db_prep_value(value, connection))
-        return sql, tuple(params)
+    operator = "<"
 
 
 class _NotAbove(_WatermarkCondition):
     """The rows a plain ``save()`` may write: ``(fence, fence_step) <= (token, step)``,
-    the watermark the instance carries, as one row comparison."""
+    the watermark the instance carries."""
 
-    def as_sql(self, compiler: Any, connection: Any) -> tuple[str, tuple[Any, ...]]:
-        table, quote = self.table_prefix(compiler), connection.ops.quote_name
-        fence, step = (table + quote(column) for column in self.columns)
-        return f"({fence}, {step}) <= (%s, %s)", self.params
-
-
-def _admits_sql(
-    table: str, quote: Callable[[str], str], fence_columns: tuple[str, str],
-    bound_columns: Sequence[str],
-) -> str:
-    """The WHERE terms of a fenced write, with parameters (token, step, then one per
-    bound column): the watermark rule of rule 4 of docs/rules.md as one row
-    comparison, strictly below, and the lock key's binding. ``table`` is the
-    quoted table or alias with its dot, or empty."""
-    fence, step = (table + quote(column) for column in fence_columns)
-    terms = [f"({fence}, {step}) < (%s, %s)"]
-    terms.extend(f"{table}{quote(column)} = %s" for column in bound_columns)
-    return " AND ".join(terms)
-
-
-@cache
-def _binding_columns(
-    model: type[models.Model], names: tuple[str, ...]
-) -> tuple[tuple[str, models.Field[Any, Any]], ...] | None:
-    """(column, field) of each name a lock key binds, if all are plain columns of
-    the model's own table; else None (the binding goes through filter())."""
-    meta = model._meta
-    found = []
-    for name in names:
-        try:
-            field = meta.pk if name == "pk" else meta.get_field(name)
-        except FieldDoesNotExist:
-            return None
-        if (
-            not isinstance(field, models.Field) or field.many_to_many
-            or field.model is not model or not field.concrete or field.column is None
-        ):
-            return None
-        found.append((field.column, field))
-    return tuple(found)
-
-
-@cache
-def _fence_columns(model: type[models.Model]) -> tuple[str, str]:
-    meta = model._meta
-    return (
-        cast(str, meta.get_field("fence").column),  # type: ignore[union-attr]
-        cast(str, meta.get_field("fence_step").column),  # type: ignore[union-attr]
-    )
+    operator = "<="
 
 
 class _Override(NamedTuple):
@@ -717,12 +448,8 @@ class FencedModel(models.Model):
                 base_qs, using, pk_val, values, update_fields, forced_update, *args
             )
         token, step = self.carried_watermark()
-        if _own_watermark(model) is None:  # a multi-table child: its parent's row, joined
-            guarded = base_qs.filter(Q(fence__lt=token) | Q(fence=token, fence_step__lte=step))
-        else:
-            guarded = base_qs.all()
-            query = guarded.query
-            query.where.add(_NotAbove(model, token, step, query.get_initial_alias()), AND)
+        # A multi-table child's watermark is its parent's row's, joined.
+        guarded = base_qs.filter(_NotAbove(token, step))
         updated = super()._do_update(
             guarded, using, pk_val, values, update_fields, forced_update, *args
         )
