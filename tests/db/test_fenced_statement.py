@@ -13,8 +13,9 @@ from django.db import connection, transaction
 from django.db.models import F
 from django.test.utils import CaptureQueriesContext
 
-from coordination import fencing, locks
+from coordination import locks
 from coordination.exceptions import DuplicateWrite, StaleToken, WrongLock
+from coordination.fenced.conditions import Admits, NotAbove
 from coordination.leases import Lease
 from coordination.models import Rejection, RejectionReason
 from project.demo.models import Account
@@ -156,7 +157,7 @@ def test_the_watermark_conditions_compile_through_django_as_row_comparisons() ->
     quote = connection.ops.quote_name
     watermark = f"({quote('demo_account')}.{quote('fence')}, {quote('demo_account')}.{quote('fence_step')})"
 
-    for condition, operator in ((fencing._Admits(7, 3), "<"), (fencing._NotAbove(7, 3), "<=")):
+    for condition, operator in ((Admits(7, 3), "<"), (NotAbove(7, 3), "<=")):
         sql, params = Account.objects.filter(condition).order_by().query.sql_with_params()
         # Not wrapped in "= true" / "= 1": the lookup is the WHERE term itself.
         assert sql.endswith(f"WHERE {watermark} {operator} (%s, %s)")
@@ -171,12 +172,12 @@ def test_the_watermark_rule_is_strictly_below_for_writes_and_not_above_for_saves
     admitted = [
         (token, step)
         for token, step in ((6, 9), (7, 2), (7, 3), (7, 4), (8, 0))
-        if rows.filter(fencing._Admits(token, step)).exists()
+        if rows.filter(Admits(token, step)).exists()
     ]
     not_above = [
         (token, step)
         for token, step in ((6, 9), (7, 2), (7, 3), (7, 4), (8, 0))
-        if rows.filter(fencing._NotAbove(token, step)).exists()
+        if rows.filter(NotAbove(token, step)).exists()
     ]
 
     assert admitted == [(7, 4), (8, 0)]
@@ -186,7 +187,7 @@ def test_the_watermark_rule_is_strictly_below_for_writes_and_not_above_for_saves
 def test_the_condition_follows_its_table_into_a_subquery() -> None:
     ann = AccountFactory(owner="ann", balance=1)
     grant = locks.acquire(f"account:{ann.pk}", holder="a", ttl=30)
-    inner = Account.objects.filter(fencing._Admits(grant.token, 1)).values("pk")
+    inner = Account.objects.filter(Admits(grant.token, 1)).values("pk")
 
     # Relabelled as an inner query: its columns are the subquery's table's.
     written = Account.objects.filter(pk__in=inner).fenced_update(grant, balance=3)
