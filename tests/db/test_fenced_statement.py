@@ -4,18 +4,25 @@ exactly like update(), on each Django this app supports."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from decimal import Decimal
+from functools import partial
+from typing import Any
 from unittest import mock
 
 import pytest
 from django.core.exceptions import ValidationError
-from django.db import connection, transaction
-from django.db.models import F
+from django.db import IntegrityError, connection, transaction
+from django.db.models import F, Q
+from django.db.models.sql import UpdateQuery
 from django.test.utils import CaptureQueriesContext
 
 from coordination import locks
-from coordination.exceptions import DuplicateWrite, StaleToken, WrongLock
+from coordination.exceptions import CoordinationError, DuplicateWrite, StaleToken, WrongLock
 from coordination.fenced.conditions import Admits, NotAbove
+from coordination.fenced.keys import lock_binding
+from coordination.fenced.statement import fenced_sql
 from coordination.leases import Lease
 from coordination.models import Rejection, RejectionReason
 from project.demo.models import Account
@@ -194,3 +201,91 @@ def test_the_condition_follows_its_table_into_a_subquery() -> None:
 
     assert written == 1
     assert row(ann)[:3] == (grant.token, 1, 3)
+
+
+# The shapes of fenced_update() the compiled statement (coordination.fenced.statement)
+# is checked against Django's own update() of the public path: (id, the fence_lock
+# template, the rows asked for, the values, whether the statement covers it: None
+# if that depends on the database).
+def _shapes(ann: Account) -> list[tuple[str, str, Any, dict[str, Any], bool | None]]:
+    rows = Account.objects
+    return [
+        ("plain filter", "account:{pk}", rows.filter(owner="ann"), {"balance": 5}, True),
+        ("pk equal to the binding", "account:{pk}", rows.filter(pk=ann.pk), {"balance": 5}, True),
+        ("every row", "account:{pk}", rows.all(), {"balance": 5, "owner": "ann"}, True),
+        ("or and exclude", "account:{pk}",
+         rows.filter(Q(owner="ann") | Q(balance__gt=3)).exclude(owner="bob"), {"balance": 5}, True),
+        ("no filter, several key fields", "owner:{owner}:{pk}", rows.all(), {"balance": 5}, True),
+        ("a char binding", "owner:{owner}", rows.filter(pk__in=[ann.pk]), {"balance": 5}, True),
+        # Covered where the lookup compiles as "column operator placeholder" (SQLite's LIKE).
+        ("a binding through a lookup", "owner:{owner__iexact}", rows.filter(pk=ann.pk),
+         {"balance": 5}, None),
+        ("F() as a value", "account:{pk}", rows.filter(pk=ann.pk),
+         {"balance": F("balance") + 1}, False),
+        ("None as a value", "account:{pk}", rows.filter(pk=ann.pk), {"balance": None}, False),
+        ("a subquery", "account:{pk}",
+         rows.filter(pk__in=rows.filter(owner="ann").values("pk")), {"balance": 5}, True),
+        ("ordered", "account:{pk}", rows.filter(pk=ann.pk).order_by("owner"), {"balance": 5},
+         False),
+        ("annotated", "account:{pk}", rows.annotate(twice=F("balance") * 2).filter(twice__gt=0),
+         {"balance": 5}, False),
+        ("sliced", "account:{pk}", rows.filter(pk=ann.pk)[:1], {"balance": 5}, False),
+        ("nothing asked for", "account:{pk}", rows.none(), {"balance": 5}, False),
+    ]
+
+
+def _compare_with_the_public_path(atomic: bool) -> None:
+    ann = AccountFactory(owner="ann", balance=1)
+    for step, (shape, template, rows, values, covered) in enumerate(_shapes(ann), start=1):
+        key = template.replace("__iexact", "").format(owner="ann", pk=ann.pk)
+        grant = locks.acquire(key, holder="a", ttl=30)
+        with mock.patch.object(Account, "fence_lock", template):
+            binding = lock_binding(Account, key)
+            assert binding is not None
+            compiled = fenced_sql(rows, "default", grant.token, step, binding, values)
+            assert covered is None or (compiled is not None) == covered, shape
+            if compiled is not None:
+                # The very SQL and parameters Django's update() compiles for the public path.
+                query = rows.filter(Admits(grant.token, step), **binding).query.chain(UpdateQuery)
+                query.add_update_values({"fence": grant.token, "fence_step": step, **values})
+                sql, params = query.get_compiler("default").as_sql()
+                assert compiled == (sql, list(params)), shape
+            sent = [
+                _sent(atomic, partial(rows.fenced_update, grant, step=step, **values)),
+                _sent(atomic, partial(_public_path, rows, grant.token, step, binding, values)),
+            ]
+            # Sent by fenced_update() as by the public path (which writes nothing
+            # after it: the same step again is not admitted).
+            assert sent[0] == sent[1], shape
+            assert (sent[0] == []) == (shape in {"sliced", "nothing asked for"}), shape
+        locks.release(grant)
+
+
+def _public_path(
+    rows: Any, token: int, step: int, binding: dict[str, str], values: dict[str, Any]
+) -> int:
+    """The one write path of a fenced write, as coordination.fenced.queryset spells it."""
+    written: int = rows.filter(Admits(token, step), **binding).update(
+        fence=token, fence_step=step, **values
+    )
+    return written
+
+
+def _sent(atomic: bool, write: Callable[[], object]) -> list[str]:
+    """The first UPDATE ``write`` sends, whether it writes, is refused or raises."""
+    with CaptureQueriesContext(connection) as queries:
+        try:
+            with transaction.atomic() if atomic else contextlib.nullcontext():
+                write()
+        except (TypeError, IntegrityError, CoordinationError, Account.DoesNotExist):
+            pass
+    return updates(queries)[:1]
+
+
+def test_the_compiled_statement_is_the_public_paths_sql_in_a_transaction() -> None:
+    _compare_with_the_public_path(atomic=True)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_compiled_statement_is_the_public_paths_sql_in_autocommit() -> None:
+    _compare_with_the_public_path(atomic=False)
