@@ -1,48 +1,34 @@
-"""fenced_update's compiled statement: the SQL put together once per shape (model,
-database, fields, lock-key binding) and reused, refused exactly like update()."""
+"""fenced_update's one statement: Django's update() of the rows asked for, narrowed
+by the watermark condition (a lookup compiled by Django's compiler), refused
+exactly like update(), on each Django this app supports."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+from collections.abc import Callable
 from decimal import Decimal
-from types import SimpleNamespace
+from functools import partial
 from typing import Any
 from unittest import mock
 
 import pytest
 from django.core.exceptions import ValidationError
-from django.db import connection, connections, transaction
-from django.db.models import F
+from django.db import IntegrityError, connection, transaction
+from django.db.models import F, Q
+from django.db.models.sql import UpdateQuery
 from django.test.utils import CaptureQueriesContext
 
-from coordination import fencing, locks
-from coordination.exceptions import DuplicateWrite, StaleToken, WrongLock
+from coordination import locks
+from coordination.exceptions import CoordinationError, DuplicateWrite, StaleToken, WrongLock
+from coordination.fenced.conditions import Admits, NotAbove
+from coordination.fenced.keys import lock_binding
+from coordination.fenced.statement import fenced_sql
 from coordination.leases import Lease
 from coordination.models import Rejection, RejectionReason
 from project.demo.models import Account
 from tests.support.factories import AccountFactory
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def compiled() -> Iterator[list[int | str | None]]:
-    """What each fenced write's compiled statement did: rows written, None where
-    it left the write to update(), or "raised"."""
-    outcomes: list[int | str | None] = []
-    execute = fencing._FencedStatement.execute
-
-    def spy(self: fencing._FencedStatement, *args: Any, **kwargs: Any) -> int | None:
-        try:
-            written = execute(self, *args, **kwargs)
-        except BaseException:
-            outcomes.append("raised")
-            raise
-        outcomes.append(written)
-        return written
-
-    with mock.patch.object(fencing._FencedStatement, "execute", spy):
-        yield outcomes
 
 
 def updates(queries: CaptureQueriesContext) -> list[str]:
@@ -63,31 +49,29 @@ def superseded_account() -> tuple[Account, Lease, Lease]:
     return account, old, locks.acquire(key, holder="new", ttl=30)
 
 
-def test_a_write_filtered_by_its_own_key_is_one_update_with_the_watermark_condition(
-    compiled: list[int | str | None],
-) -> None:
+def test_a_write_is_one_update_with_the_watermark_condition_and_the_binding() -> None:
     account = AccountFactory(balance=1)
     grant = locks.acquire(f"account:{account.pk}", holder="a", ttl=30)
 
     with CaptureQueriesContext(connection) as queries:
         written = Account.objects.filter(pk=account.pk).fenced_update(grant, balance=2)
 
-    assert (written, compiled) == (1, [1])
+    assert written == 1
     (sql,) = updates(queries)
-    # The caller's filter repeats the binding's term: sent once, not twice.
-    assert sql.count('"id" = ') == 1
-    assert '"fence_step") < (' in sql
+    quote = connection.ops.quote_name
+    assert f"({quote('demo_account')}.{quote('fence')}, " in sql
+    assert f"{quote('fence_step')}) < ({grant.token}, 1)" in sql
+    assert sql.count(f"{quote('demo_account')}.{quote('id')} = {account.pk}") == 2  # asked, bound
     assert row(account)[:3] == (grant.token, 1, 2)
 
 
-def test_stale_token_and_duplicate_step_are_refused_through_the_compiled_statement(
-    compiled: list[int | str | None],
-) -> None:
+def test_stale_token_and_duplicate_step_are_refused_by_the_statement() -> None:
     account, old, new = superseded_account()
     Account.objects.filter(pk=account.pk).fenced_update(new, step=5, balance=5)
 
-    with pytest.raises(StaleToken):
+    with CaptureQueriesContext(connection) as queries, pytest.raises(StaleToken):
         Account.objects.filter(pk=account.pk).fenced_update(old, step=9, balance=9)
+    assert len(updates(queries)) == 1  # the refused UPDATE, nothing written before it
     # Rules 4-5 of docs/rules.md: the same token writes only a later step; the
     # same step again is a duplicate (a comparison relaxed to <= would accept it).
     with pytest.raises(DuplicateWrite):
@@ -95,7 +79,6 @@ def test_stale_token_and_duplicate_step_are_refused_through_the_compiled_stateme
     with pytest.raises(DuplicateWrite):
         Account.objects.filter(pk=account.pk).fenced_update(new, step=4, balance=4)
 
-    assert compiled == [1, 0, 0, 0]
     assert row(account)[:3] == (new.token, 5, 5)
     assert list(Rejection.objects.order_by("pk").values_list("reason", "token", "step")) == [
         (RejectionReason.STALE, old.token, 9),
@@ -104,9 +87,7 @@ def test_stale_token_and_duplicate_step_are_refused_through_the_compiled_stateme
     ]
 
 
-def test_other_fields_and_their_order_write_the_columns_named(
-    compiled: list[int | str | None],
-) -> None:
+def test_other_fields_and_their_order_write_the_columns_named() -> None:
     account = AccountFactory(owner="ann", balance=1)
     grant = locks.acquire(f"account:{account.pk}", holder="a", ttl=30)
     rows = Account.objects.filter(pk=account.pk)
@@ -119,10 +100,9 @@ def test_other_fields_and_their_order_write_the_columns_named(
     assert row(account) == (grant.token, 3, 3, "cid")
     rows.fenced_update(grant, balance=4, owner="dan")
     assert row(account) == (grant.token, 4, 4, "dan")
-    assert compiled == [1, 1, 1, 1]
 
 
-def test_another_filter_is_kept_beside_the_binding(compiled: list[int | str | None]) -> None:
+def test_another_filter_is_kept_beside_the_binding() -> None:
     ann, bob = AccountFactory(owner="ann", balance=1), AccountFactory(owner="bob", balance=1)
     grant = locks.acquire(f"account:{ann.pk}", holder="a", ttl=30)
 
@@ -136,14 +116,11 @@ def test_another_filter_is_kept_beside_the_binding(compiled: list[int | str | No
     assert Account.objects.filter(owner="ann").fenced_update(grant, balance=8) == 1
     assert Account.objects.all().fenced_update(grant, balance=9) == 1
 
-    assert compiled == [0, 0, 0, 1, 1]
     assert (row(ann)[2], row(bob)[2]) == (9, 1)
 
 
 @pytest.mark.parametrize("template", ["owner:{owner}", "owner:{owner}:{pk}", "account:{pk}"])
-def test_each_lock_key_binding_has_its_own_statement(
-    template: str, compiled: list[int | str | None]
-) -> None:
+def test_each_lock_key_binding_narrows_the_statement(template: str) -> None:
     ann, bob = AccountFactory(owner="ann", balance=1), AccountFactory(owner="bob", balance=1)
     grant = locks.acquire(template.format(owner="ann", pk=ann.pk), holder="a", ttl=30)
 
@@ -152,26 +129,23 @@ def test_each_lock_key_binding_has_its_own_statement(
         with pytest.raises(WrongLock):
             Account.objects.filter(pk=bob.pk).fenced_update(grant, balance=5)
 
-    assert compiled == [1, 0]
     assert (row(ann)[2], row(bob)[2]) == (5, 1)
 
 
-def test_expressions_and_nulls_go_through_update_and_stay_fenced(
-    compiled: list[int | str | None],
-) -> None:
+def test_expressions_as_values_are_written_by_the_same_fenced_statement() -> None:
     account, old, grant = superseded_account()
 
-    Account.objects.filter(pk=account.pk).fenced_update(grant, balance=F("balance") + 10)
+    with CaptureQueriesContext(connection) as queries:
+        Account.objects.filter(pk=account.pk).fenced_update(grant, balance=F("balance") + 10)
     with pytest.raises(StaleToken):
         Account.objects.filter(pk=account.pk).fenced_update(old, balance=F("balance") + 10)
 
-    assert compiled == [None, None]
+    (sql,) = updates(queries)
+    assert f"{connection.ops.quote_name('fence_step')}) < (" in sql
     assert row(account)[:3] == (grant.token, 1, 11)
 
 
-def test_an_error_while_writing_marks_the_atomic_block_for_rollback_as_update_does(
-    compiled: list[int | str | None],
-) -> None:
+def test_an_error_while_writing_marks_the_atomic_block_for_rollback_as_update_does() -> None:
     account = AccountFactory(balance=1)
     grant = locks.acquire(f"account:{account.pk}", holder="a", ttl=30)
 
@@ -183,33 +157,146 @@ def test_an_error_while_writing_marks_the_atomic_block_for_rollback_as_update_do
             with pytest.raises(ValidationError):
                 write(Account.objects.filter(pk=account.pk))
             assert connection.needs_rollback
-    assert compiled == ["raised"]
     assert row(account)[:3] == (0, 0, 1)
 
 
-def test_each_database_alias_gets_the_sql_of_its_own_connection() -> None:
-    backticks = SimpleNamespace(ops=SimpleNamespace(quote_name=lambda name: f"`{name}`"))
-    aliases = {"default": connections["default"], "other": backticks}
-    fencing._fenced_statement.cache_clear()
-    try:
-        with mock.patch.object(fencing, "connections", aliases):
-            here = fencing._fenced_statement(
-                Account, "default", connection.vendor, ("balance",), ("pk",)
-            )
-            there = fencing._fenced_statement(Account, "other", "mysql", ("balance",), ("pk",))
-    finally:
-        fencing._fenced_statement.cache_clear()
-
-    assert here is not None and there is not None
+def test_the_watermark_conditions_compile_through_django_as_row_comparisons() -> None:
     quote = connection.ops.quote_name
-    assert here.head == (
-        f"UPDATE {quote('demo_account')} SET {quote('fence')} = %s, "
-        f"{quote('fence_step')} = %s, {quote('balance')} = %s WHERE "
+    watermark = f"({quote('demo_account')}.{quote('fence')}, {quote('demo_account')}.{quote('fence_step')})"
+
+    for condition, operator in ((Admits(7, 3), "<"), (NotAbove(7, 3), "<=")):
+        sql, params = Account.objects.filter(condition).order_by().query.sql_with_params()
+        # Not wrapped in "= true" / "= 1": the lookup is the WHERE term itself.
+        assert sql.endswith(f"WHERE {watermark} {operator} (%s, %s)")
+        assert params == (7, 3)
+
+
+def test_the_watermark_rule_is_strictly_below_for_writes_and_not_above_for_saves() -> None:
+    account = AccountFactory(balance=1)
+    Account.objects.filter(pk=account.pk).update(fence=7, fence_step=3)
+    rows = Account.objects.filter(pk=account.pk)
+
+    admitted = [
+        (token, step)
+        for token, step in ((6, 9), (7, 2), (7, 3), (7, 4), (8, 0))
+        if rows.filter(Admits(token, step)).exists()
+    ]
+    not_above = [
+        (token, step)
+        for token, step in ((6, 9), (7, 2), (7, 3), (7, 4), (8, 0))
+        if rows.filter(NotAbove(token, step)).exists()
+    ]
+
+    assert admitted == [(7, 4), (8, 0)]
+    assert not_above == [(7, 3), (7, 4), (8, 0)]
+
+
+def test_the_condition_follows_its_table_into_a_subquery() -> None:
+    ann = AccountFactory(owner="ann", balance=1)
+    grant = locks.acquire(f"account:{ann.pk}", holder="a", ttl=30)
+    inner = Account.objects.filter(Admits(grant.token, 1)).values("pk")
+
+    # Relabelled as an inner query: its columns are the subquery's table's.
+    written = Account.objects.filter(pk__in=inner).fenced_update(grant, balance=3)
+
+    assert written == 1
+    assert row(ann)[:3] == (grant.token, 1, 3)
+
+
+# The shapes of fenced_update() the compiled statement (coordination.fenced.statement)
+# is checked against Django's own update() of the public path: (id, the fence_lock
+# template, the rows asked for, the values, whether the statement covers it: None
+# if that depends on the database).
+def _shapes(ann: Account) -> list[tuple[str, str, Any, dict[str, Any], bool | None]]:
+    rows = Account.objects
+    return [
+        ("plain filter", "account:{pk}", rows.filter(owner=ann.owner), {"balance": 5}, True),
+        ("pk equal to the binding", "account:{pk}", rows.filter(pk=ann.pk), {"balance": 5}, True),
+        ("every row", "account:{pk}", rows.all(), {"balance": 5, "owner": "ann"}, True),
+        ("or and exclude", "account:{pk}",
+         rows.filter(Q(owner=ann.owner) | Q(balance__gt=3)).exclude(owner="bob"), {"balance": 5}, True),
+        ("no filter, several key fields", "owner:{owner}:{pk}", rows.all(), {"balance": 5}, True),
+        ("a char binding", "owner:{owner}", rows.filter(pk__in=[ann.pk]), {"balance": 5}, True),
+        # Covered where the lookup compiles as "column operator placeholder" (SQLite's LIKE).
+        ("a binding through a lookup", "owner:{owner__iexact}", rows.filter(pk=ann.pk),
+         {"balance": 5}, None),
+        ("F() as a value", "account:{pk}", rows.filter(pk=ann.pk),
+         {"balance": F("balance") + 1}, False),
+        ("None as a value", "account:{pk}", rows.filter(pk=ann.pk), {"balance": None}, False),
+        ("a subquery", "account:{pk}",
+         rows.filter(pk__in=rows.filter(owner=ann.owner).values("pk")), {"balance": 5}, True),
+        ("ordered", "account:{pk}", rows.filter(pk=ann.pk).order_by("owner"), {"balance": 5},
+         False),
+        ("annotated", "account:{pk}", rows.annotate(twice=F("balance") * 2).filter(twice__gt=0),
+         {"balance": 5}, False),
+        ("sliced", "account:{pk}", rows.filter(pk=ann.pk)[:1], {"balance": 5}, False),
+        ("nothing asked for", "account:{pk}", rows.none(), {"balance": 5}, False),
+    ]
+
+
+def _compare_with_the_public_path(atomic: bool) -> None:
+    # A row of its own for each shape, so that each fenced_update() is accepted:
+    # a refusal's record would outlive the test's transaction.
+    for number in range(len(_shapes(AccountFactory.build(pk=0)))):
+        ann = AccountFactory(owner=f"ann-{number}", balance=1)
+        _compare_shape(atomic, ann, _shapes(ann)[number])
+    assert not Rejection.objects.exists()
+
+
+def _compare_shape(
+    atomic: bool, ann: Account, case: tuple[str, str, Any, dict[str, Any], bool | None]
+) -> None:
+    step = 1
+    shape, template, rows, values, covered = case
+    key = template.replace("__iexact", "").format(owner=ann.owner, pk=ann.pk)
+    grant = locks.acquire(key, holder="a", ttl=30)
+    with mock.patch.object(Account, "fence_lock", template):
+        binding = lock_binding(Account, key)
+        assert binding is not None
+        compiled = fenced_sql(rows, "default", grant.token, step, binding, values)
+        assert covered is None or (compiled is not None) == covered, shape
+        if compiled is not None:
+            # The very SQL and parameters Django's update() compiles for the public path.
+            query = rows.filter(Admits(grant.token, step), **binding).query.chain(UpdateQuery)
+            query.add_update_values({"fence": grant.token, "fence_step": step, **values})
+            sql, params = query.get_compiler("default").as_sql()
+            assert compiled == (sql, list(params)), shape
+        sent = [
+            _sent(atomic, partial(rows.fenced_update, grant, step=step, **values)),
+            _sent(atomic, partial(_public_path, rows, grant.token, step, binding, values)),
+        ]
+        # Sent by fenced_update() as by the public path (which writes nothing
+        # after it: the same step again is not admitted).
+        assert sent[0] == sent[1], shape
+        assert (sent[0] == []) == (shape in {"sliced", "nothing asked for"}), shape
+    locks.release(grant)
+
+
+def _public_path(
+    rows: Any, token: int, step: int, binding: dict[str, str], values: dict[str, Any]
+) -> int:
+    """The one write path of a fenced write, as coordination.fenced.queryset spells it."""
+    written: int = rows.filter(Admits(token, step), **binding).update(
+        fence=token, fence_step=step, **values
     )
-    assert there.head == (
-        "UPDATE `demo_account` SET `fence` = %s, `fence_step` = %s, `balance` = %s WHERE "
-    )
-    assert there.admits == (
-        "(`demo_account`.`fence`, `demo_account`.`fence_step`) < (%s, %s) "
-        "AND `demo_account`.`id` = %s"
-    )
+    return written
+
+
+def _sent(atomic: bool, write: Callable[[], object]) -> list[str]:
+    """The first UPDATE ``write`` sends, whether it writes, is refused or raises."""
+    with CaptureQueriesContext(connection) as queries:
+        try:
+            with transaction.atomic() if atomic else contextlib.nullcontext():
+                write()
+        except (TypeError, IntegrityError, CoordinationError, Account.DoesNotExist):
+            pass
+    return updates(queries)[:1]
+
+
+def test_the_compiled_statement_is_the_public_paths_sql_in_a_transaction() -> None:
+    _compare_with_the_public_path(atomic=True)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_compiled_statement_is_the_public_paths_sql_in_autocommit() -> None:
+    _compare_with_the_public_path(atomic=False)

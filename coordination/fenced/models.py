@@ -1,0 +1,303 @@
+"""Models whose rows are their own fences, and the watermark field that
+``save()`` never lowers."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from functools import cache
+from typing import Any, ClassVar, cast
+
+from django.core.exceptions import FieldDoesNotExist
+from django.db import IntegrityError, connections, models, router, transaction
+from django.db.models import F, Q
+
+from .. import watermarks
+from ..exceptions import StaleInstance
+from ..leases import Lease
+from ..logfields import LogFields
+from ..models import UnfencedSave
+from .conditions import NotAbove
+from .grants import resolve_grant, resolve_step
+from .keys import lock_key_of
+from .queryset import FencedQuerySet
+from .rejections import explain_refusal
+from .unfenced import active_override
+
+# The resource side's documented logger, whichever of its modules logs.
+logger = logging.getLogger("coordination.fencing")
+
+
+class WatermarkField(models.BigIntegerField):  # type: ignore[type-arg]
+    """A watermark column: an insert writes it, a plain ``save()`` of an existing row never does.
+
+    On an update, ``pre_save`` returns the column itself (``SET fence = fence``),
+    so a stale instance's ``save()`` keeps the watermark a newer token wrote
+    (rule 8 of docs/rules.md), with or without ``update_fields`` naming it, while
+    the rest of ``save()`` keeps Django's semantics: an instance whose row was
+    deleted is inserted again with its own values. A field rather than an
+    overridden ``save()``: Django asks the field for its value on every path
+    that saves an instance (``save``, ``update_or_create``, the admin), and
+    an override could only drop the columns from ``update_fields``, which turns
+    the insert fallback into an error. Django 6 reads the row's watermark back
+    into the instance (``RETURNING``); on 5.2 the instance keeps the value it
+    was loaded with until ``refresh_from_db()``.
+
+    It deconstructs as a plain ``BigIntegerField``: the column is the same, so
+    no migration of a user's app changes.
+    """
+
+    def pre_save(self, model_instance: models.Model, add: bool) -> Any:
+        if add:
+            return super().pre_save(model_instance, add)
+        return F(self.name)
+
+    def deconstruct(self) -> Any:
+        name, _path, args, kwargs = super().deconstruct()
+        return name, "django.db.models.BigIntegerField", args, kwargs
+
+
+class FencedModel(models.Model):
+    """A model whose rows are their own fences.
+
+    Declare which lock key guards a row with ``fence_lock``, a template over the
+    row's fields: ``fence_lock = "account:{pk}"`` means the grant of
+    ``account:7`` may write the row with pk 7 and no other. The ``fence`` column is
+    the watermark (BIGINT NOT NULL DEFAULT 0: a NULL would make the first
+    comparison UNKNOWN and block every write) and ``fence_step`` numbers the
+    writes under one token.
+
+    The watermark never goes back (rule 8 of docs/rules.md): ``save()`` never
+    writes it (:class:`WatermarkField`), and a trigger that ``migrate``
+    installs refuses any UPDATE that lowers it, whatever wrote it
+    (:mod:`coordination.watermarks`). With ``fence_strict = True`` the trigger
+    also refuses every UPDATE that does not raise it, so only ``fenced_update()``
+    and ``fenced_save()`` can change a row; switching it on or off takes effect
+    at the next ``migrate``.
+
+    A ``save()`` of an instance loaded before the row's watermark rose is
+    refused (``StaleInstance``): the instance carries the watermark it was
+    loaded with (its ``fence`` and ``fence_step``, or what its own
+    ``fenced_save()`` wrote), and the UPDATE only writes a row whose watermark
+    is not above it. ``coordination.unfenced()`` lets such a save through,
+    audited. A deleted row's watermark is kept, and a row inserted again with
+    its primary key starts above it.
+    """
+
+    fence = WatermarkField(default=0, db_default=0, editable=False)
+    fence_step = WatermarkField(default=0, db_default=0, editable=False)
+
+    fence_lock: ClassVar[str]
+    fence_strict: ClassVar[bool] = False
+
+    objects = FencedQuerySet.as_manager()
+
+    class Meta:
+        abstract = True
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(fence__gte=0), name="%(app_label)s_%(class)s_fence_gte_0"
+            ),
+            models.CheckConstraint(
+                condition=Q(fence_step__gte=0), name="%(app_label)s_%(class)s_fence_step_gte_0"
+            ),
+        ]
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """Django's ``save()``, refused for a stale instance, never writing the
+        watermark of an existing row.
+
+        Raises ``StaleInstance`` if the row's watermark is above the one this
+        instance carries (a newer write changed the row since it was loaded),
+        with ``update_fields`` or without; nothing is written. Reload it with
+        ``refresh_from_db()`` and redo the change, or write under a grant with
+        :meth:`fenced_save`. The check is part of the UPDATE (``WHERE (fence,
+        fence_step) <= (carried)``), so no write can slip in between. An
+        instance loaded without its watermark (``only()``, ``defer()``)
+        carries (0, 0).
+
+        On a ``fence_strict`` model the database refuses it: ``UnfencedWrite``
+        instead of its ``IntegrityError`` (write such rows with
+        :meth:`fenced_save`). An insert writes the instance's watermark, or
+        the deleted row's if one was deleted with this primary key and that is
+        higher (the instance then carries it).
+        """
+        try:
+            super().save(*args, **kwargs)
+        except IntegrityError as error:
+            using = kwargs.get("using") or router.db_for_write(type(self), instance=self)
+            rows = type(self)._base_manager.db_manager(using).filter(pk=self.pk)
+            refused = explain_refusal(error, rows, {})
+            if refused is None:
+                raise
+            raise refused from error
+
+    def carried_watermark(self) -> tuple[int, int]:
+        """The (fence, fence_step) this instance carries: as loaded, or as its own
+        fenced write or insert left them; (0, 0) where it was loaded without them.
+        Read without touching the database (a deferred field is not loaded)."""
+        values = self.__dict__
+        fence, step = values.get("fence"), values.get("fence_step")
+        if isinstance(fence, int) and isinstance(step, int):
+            return fence, step
+        return 0, 0
+
+    def _do_update(  # type: ignore[override]  # Django 5.2 has no returning_fields
+        self, base_qs: models.QuerySet[Any], using: str, pk_val: Any, values: Any,
+        update_fields: Any, forced_update: bool, *args: Any,
+    ) -> Any:
+        # Django's UPDATE of one table for save(), narrowed to a row whose watermark
+        # is not above the carried one. No row updated is then either no row
+        # (Django inserts it, as before) or a stale instance: told apart by
+        # reading the row. A watermark only rises, so a row found above the
+        # carried watermark was above it at the UPDATE too.
+        model: type[models.Model] = base_qs.model
+        if not values or not _has_watermark(model):
+            return super()._do_update(
+                base_qs, using, pk_val, values, update_fields, forced_update, *args
+            )
+        token, step = self.carried_watermark()
+        # A multi-table child's watermark is its parent's row's, joined.
+        guarded = base_qs.filter(NotAbove(token, step))
+        updated = super()._do_update(
+            guarded, using, pk_val, values, update_fields, forced_update, *args
+        )
+        if updated:
+            return updated
+        current = base_qs.filter(pk=pk_val).values_list("fence", "fence_step").first()
+        if current is None or current <= (token, step):
+            return updated  # no row (or one inserted since): Django's own path
+        resource = f"{self._meta.label_lower}:{pk_val}"
+        override = active_override.get()
+        if override is None:
+            logger.warning(
+                "save refused %s",
+                LogFields(
+                    reason="stale_instance", resource=resource, token=token, step=step,
+                    watermark_token=current[0], watermark_step=current[1],
+                ),
+                extra={
+                    "coordination": {
+                        "event": "save_refused", "reason": "stale_instance",
+                        "resource": resource, "token": token, "step": step,
+                        "watermark_token": current[0], "watermark_step": current[1],
+                    }
+                },
+            )
+            raise StaleInstance(resource, token, step, current[0], current[1])
+        # The escape hatch: the plain UPDATE (the watermark column still set to
+        # itself, and the triggers still refusing a lowering), with its audit
+        # row in the same transaction.
+        with transaction.atomic(using=using):
+            updated = super()._do_update(
+                base_qs, using, pk_val, values, update_fields, forced_update, *args
+            )
+            if updated:
+                written = base_qs.filter(pk=pk_val).values_list("fence", "fence_step").first()
+                mark = written or current
+                UnfencedSave.objects.using(using).create(
+                    resource=resource[: UnfencedSave._meta.get_field("resource").max_length],
+                    lock_key=lock_key_of(self)[: UnfencedSave._meta.get_field("lock_key").max_length],
+                    token=token, step=step, watermark_token=mark[0], watermark_step=mark[1],
+                    reason=override.reason,
+                    by=override.by[: UnfencedSave._meta.get_field("by").max_length],
+                )
+        if updated:
+            logger.warning(
+                "stale save let through %s",
+                LogFields(
+                    resource=resource, token=token, step=step, watermark_token=mark[0],
+                    watermark_step=mark[1], reason=override.reason, by=override.by,
+                ),
+                extra={
+                    "coordination": {
+                        "event": "unfenced_save", "resource": resource, "token": token,
+                        "step": step, "watermark_token": mark[0], "watermark_step": mark[1],
+                        "reason": override.reason, "by": override.by,
+                    }
+                },
+            )
+            # The instance now holds the row's data: it is as fresh as a reload.
+            self.fence, self.fence_step = mark
+        return updated
+
+    def _do_insert(
+        self, manager: Any, using: str, fields: Any, returning_fields: Any, raw: bool
+    ) -> Any:
+        # With a primary key chosen before the insert, the row may be one deleted
+        # before: the database then starts it at the deleted row's watermark
+        # (a tombstone), and the instance must carry that one, or its next
+        # save() would be refused as stale. A key the database picks is new.
+        marks = _own_watermark(manager.model)
+        if raw or self.pk is None or marks is None:
+            return super()._do_insert(manager, using, fields, returning_fields, raw)  # type: ignore[misc]
+        connection = connections[using]
+        if (
+            watermarks.insert_returns_restored(connection)
+            and connection.features.can_return_columns_from_insert
+        ):
+            # The INSERT returns the watermark the trigger started the row at.
+            asked = [*returning_fields, *(field for field in marks if field not in returning_fields)]
+            result = super()._do_insert(manager, using, fields, asked, raw)  # type: ignore[misc]
+            returned = dict(zip(asked, result[0], strict=True))
+            self.fence, self.fence_step = returned[marks[0]], returned[marks[1]]
+            return [tuple(returned[field] for field in returning_fields)]
+        result = super()._do_insert(manager, using, fields, returning_fields, raw)  # type: ignore[misc]
+        found = manager.using(using).filter(pk=self.pk).values_list("fence", "fence_step").first()
+        if found is None:
+            return result
+        self.fence, self.fence_step = found
+        # Django assigns what the INSERT returned after this, which (SQLite) is
+        # the row before its AFTER INSERT trigger restored the watermark.
+        if result and returning_fields:
+            read = dict(zip(marks, found, strict=True))
+            result = [
+                tuple(
+                    read.get(field, value)
+                    for field, value in zip(returning_fields, result[0], strict=False)
+                ),
+                *result[1:],
+            ]
+        return result
+
+    def fenced_save(
+        self, grant: Lease | None = None, /, *, fields: Sequence[str], step: int | None = None
+    ) -> None:
+        """Write ``fields`` of this instance with ``grant``'s token, and raise its watermark.
+
+        The one way to save an instance's values under a grant: one
+        ``fenced_update`` of this row with these fields, refused like it
+        (``StaleToken``, ``DuplicateWrite``, ``WrongLock``, ``LeaseLost``,
+        ``DoesNotExist``). Afterwards the instance's ``fence`` and ``fence_step``
+        are the new watermark. ``step`` defaults to the grant's next write number.
+        """
+        grant = resolve_grant(grant)
+        write_step = resolve_step(grant, step)
+        manager = type(self)._default_manager.using(self._state.db)
+        manager.filter(pk=self.pk).fenced_update(
+            grant, step=write_step, **{name: getattr(self, name) for name in fields}
+        )
+        self.fence, self.fence_step = grant.token, write_step
+
+
+@cache
+def _has_watermark(model: type[models.Model]) -> bool:
+    """Whether ``model``'s own table holds the watermark columns, or inherits them
+    (a multi-table child: the UPDATE then checks its parent's row)."""
+    try:
+        model._meta.get_field("fence")
+    except FieldDoesNotExist:
+        return False
+    return True
+
+
+@cache
+def _own_watermark(model: type[models.Model]) -> tuple[models.Field[Any, Any], ...] | None:
+    """The watermark fields (fence, fence_step) if ``model``'s own table holds them."""
+    if not _has_watermark(model):
+        return None
+    meta = model._meta
+    fields = (meta.get_field("fence"), meta.get_field("fence_step"))
+    if any(getattr(field, "model", None) is not model for field in fields):
+        return None
+    return cast("tuple[models.Field[Any, Any], ...]", fields)
