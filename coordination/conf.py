@@ -24,7 +24,7 @@ Defaults (override any key in your settings)::
                                     # transaction-pooling proxy that cannot keep
                                     # prepared statements (PgBouncer before 1.21)
         "WAKE_UPS": True,           # PostgreSQL: waiters woken by LISTEN/NOTIFY on
-                                    # release and revoke (SQLite always polls)
+                                    # release and revoke (SQLite and MariaDB poll)
         "LOCK_DELAY": 0.0,          # seconds a lock stays ungrantable after a lease
                                     # expired or was revoked (acquire(lock_delay=))
         "TICKET_TTL": 10.0,         # seconds a fair waiter's queue ticket outlives

@@ -14,9 +14,10 @@ import logging
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from django.db import transaction
+from django.db import connections, transaction
 
 from . import fencing
+from .backends import dialect_of
 from .conf import app_settings
 from .exceptions import InvalidInput
 from .leases import Lease
@@ -138,7 +139,7 @@ def rebind_document(name: str, lock_key: str, *, using: str | None = None) -> Re
         fence = fences.select_for_update().get(pk=document.fence_id)
         if fence.lock_key == lock_key:
             raise InvalidInput(f"document {name!r} is already bound to lock key {lock_key!r}")
-        keys.bulk_create([Lock(key=lock_key)], ignore_conflicts=True)
+        dialect_of(connections[alias]).create_missing(keys, [Lock(key=lock_key)], "key")
         counter, holder = (
             keys.select_for_update().filter(key=lock_key).values_list("token", "holder").get()
         )

@@ -139,6 +139,10 @@ class DatabaseNow(Now):
     ) -> tuple[str, tuple[Any, ...]]:
         return "clock_timestamp()", ()
 
+    def as_mysql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, tuple[Any, ...]]:
+        # UTC whatever the session's time zone, to the microsecond.
+        return "UTC_TIMESTAMP(6)", ()
+
 
 class LockState(models.TextChoices):
     FREE = "free", _("free")

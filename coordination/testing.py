@@ -52,7 +52,7 @@ from .leases import Lease
 __all__ = ["HolderRun", "RaceReport", "Write", "fencing_race", "run_fencing_race"]
 
 _WRITE = re.compile(
-    r'^\s*(?:UPDATE|INSERT\s+(?:OR\s+\w+\s+)?INTO|DELETE\s+FROM|REPLACE\s+INTO)\s+"?([\w.]+)"?',
+    r'^\s*(?:UPDATE|INSERT\s+(?:OR\s+\w+\s+|IGNORE\s+)?INTO|DELETE\s+FROM|REPLACE\s+INTO)\s+["`]?([\w.]+)["`]?',
     re.IGNORECASE,
 )
 _LOCKING = re.compile(r"^\s*BEGIN\b|\bFOR\s+(?:NO\s+KEY\s+)?UPDATE\b", re.IGNORECASE)

@@ -26,7 +26,7 @@ import json
 import re
 import sys
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -168,7 +168,7 @@ def install(connection: Any, watermarks: Iterable[Watermark]) -> list[str]:
         return []
     backend = _backend(connection)
     changed: list[str] = []
-    with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
+    with _ddl_transaction(connection), connection.cursor() as cursor:
         for watermark in watermarks:
             existing = backend.existing(cursor, watermark.table)
             for rule in ALL_RULES:
@@ -190,10 +190,18 @@ def uninstall(connection: Any, watermarks: Iterable[Watermark]) -> None:
     if not _enforced(connection):
         return
     backend = _backend(connection)
-    with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
+    with _ddl_transaction(connection), connection.cursor() as cursor:
         for watermark in watermarks:
             for rule in ALL_RULES:
                 backend.drop(cursor, watermark, backend.trigger_name(watermark, rule))
+
+
+def _ddl_transaction(connection: Any) -> Any:
+    """One transaction where DDL is transactional; none where each DDL statement
+    commits by itself (MariaDB), which would end the caller's savepoints."""
+    if connection.features.can_rollback_ddl:
+        return transaction.atomic(using=connection.alias)
+    return nullcontext()
 
 
 def missing(connection: Any, watermarks: Iterable[Watermark]) -> list[Watermark]:
@@ -253,9 +261,11 @@ def install_after_migrate(
     from django.apps import apps
     from django.db.migrations.recorder import MigrationRecorder
 
+    from .backends import dialect_of
     from .fencing import FencedModel
 
     connection = connections[using]
+    dialect_of(connection).after_migrate(connection)
     own = ("coordination", "0007_watermark_triggers") in MigrationRecorder(
         connection
     ).applied_migrations()
@@ -292,7 +302,9 @@ def refusal(error: BaseException) -> Refusal | None:
             )
         except (ValueError, KeyError, TypeError):
             return Refusal(constraint, str(getattr(diag, "table_name", "") or ""))
-    found = _MESSAGE.match(str(error))
+    # MySQLdb's error is (errno, message).
+    args: tuple[Any, ...] = getattr(error, "args", ())
+    found = _MESSAGE.match(str(args[1]) if len(args) == 2 else str(error))
     if found is None:
         return None
     return Refusal(found.group(1), found.group(2))

@@ -12,9 +12,11 @@ import math
 from collections.abc import Mapping
 from typing import Any, cast
 
+from django.db import connections
 from django.db.models import QuerySet
 from rest_framework import serializers
 
+from ..backends import dialect_of
 from ..conf import app_settings
 from ..documents import NAME_MAX_LENGTH
 from ..exceptions import InvalidInput
@@ -138,25 +140,33 @@ def _token_field(**kwargs: Any) -> StrictIntegerField:
 DATA_MAX_DEPTH = 100
 
 
-def _storable_json(value: Any, depth: int = 0) -> None:
+def data_max_depth() -> int:
+    """The levels of arrays and objects a document's data may nest: 100, or fewer
+    where the database's JSON holds fewer (31 on MariaDB)."""
+    stored = dialect_of(connections[app_settings.DATABASE]).json_max_depth
+    return min(DATA_MAX_DEPTH, stored or DATA_MAX_DEPTH)
+
+
+def _storable_json(value: Any, depth: int = 0, limit: int = 0) -> None:
     """Refuse what a JSON column cannot store: NUL characters, lone surrogates, deep nesting.
 
     PostgreSQL's jsonb rejects ``\\u0000`` and the driver cannot encode a lone
     surrogate; both would otherwise fail at the database as a server error.
     """
+    limit = limit or data_max_depth()
     # ``depth`` counts the arrays and objects around ``value``; an array or
     # object here is one level more.
-    if isinstance(value, Mapping | list) and depth >= DATA_MAX_DEPTH:
-        raise serializers.ValidationError(f"Nested deeper than {DATA_MAX_DEPTH} levels.", code="invalid")
+    if isinstance(value, Mapping | list) and depth >= limit:
+        raise serializers.ValidationError(f"Nested deeper than {limit} levels.", code="invalid")
     if isinstance(value, str):
         _storable_text(value)
     elif isinstance(value, Mapping):
         for key, item in value.items():
             _storable_text(str(key))
-            _storable_json(item, depth + 1)
+            _storable_json(item, depth + 1, limit)
     elif isinstance(value, list):
         for item in value:
-            _storable_json(item, depth + 1)
+            _storable_json(item, depth + 1, limit)
 
 
 def _storable_text(text: str) -> None:

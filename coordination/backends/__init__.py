@@ -10,6 +10,8 @@ PostgreSQL    PL/pgSQL functions (``postgresql``)    ORM ``select_for_update`` t
                                                      with LISTEN/NOTIFY wake-ups (``orm``)
 SQLite        ORM transaction under BEGIN IMMEDIATE  the same
               (``sqlite``)
+MariaDB,      ORM ``select_for_update`` transaction  the same
+MySQL         (``mysql``)
 other         ORM ``select_for_update`` (``orm``)    the same
 ============  =====================================  ====================================
 
@@ -84,6 +86,7 @@ def _select(alias: str) -> GrantPoint:
 DIALECTS: dict[str | None, str] = {
     "postgresql": "coordination.backends.postgresql.PostgreSQLDialect",
     "sqlite": "coordination.backends.sqlite.SQLiteDialect",
+    "mysql": "coordination.backends.mysql.MySQLDialect",
     None: "coordination.backends.orm.OrmDialect",
 }
 """The dialect of each database vendor Django names; None: any other database."""
@@ -101,8 +104,12 @@ def dialect_for_settings(config: dict[str, Any]) -> Dialect:
     """The dialect of a ``DATABASES`` entry, read from its ENGINE alone: for the
     system checks, which load no database driver."""
     engine = str(config.get("ENGINE", ""))
-    vendor = "postgresql" if "postgres" in engine else "sqlite" if "sqlite" in engine else None
+    vendor = next((vendor for word, vendor in _ENGINE_WORDS if word in engine), None)
     return _dialect(vendor)
+
+
+# A word of an ENGINE path that names its vendor (PostGIS's and MySQL GIS's included).
+_ENGINE_WORDS = (("postg", "postgresql"), ("sqlite", "sqlite"), ("mysql", "mysql"))
 
 
 def _dialect(vendor: str | None) -> Dialect:

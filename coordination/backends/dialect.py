@@ -18,12 +18,17 @@ abstract: a class that leaves one out cannot be instantiated, and
   freed), or nothing where the database has no such bound.
 - :meth:`Dialect.ensure_token_floor_row`: the token floor's row exists
   (at 0 if it was missing) and never races a concurrent grant into a deadlock.
+- :meth:`Dialect.create_missing`: a row is inserted unless one with its key
+  exists, and callers racing to create then lock the same row queue on its
+  row lock (never a deadlock).
 - :meth:`Dialect.codepoint_order`: an ordering by codepoint, the order every
   caller takes row locks in (no two callers wait for each other in a cycle).
 - :meth:`Dialect.check_settings`: the system-check messages the database's
   ``DATABASES`` entry deserves, read from settings alone (no connection).
 - :meth:`Dialect.replication`: what the database says of its replicas, for
   the promotion-guard check; None where it has nothing to say.
+- :meth:`Dialect.after_migrate` (optional): what the app's tables need after
+  every ``migrate`` (MariaDB: binary collation).
 - :attr:`Dialect.migration_sql`: the SQL each migration step ran on this
   database, frozen (a migration is history); :meth:`Dialect.run_migration_sql`
   runs one step's.
@@ -38,6 +43,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 from django.core.checks import CheckMessage
 from django.core.exceptions import ImproperlyConfigured
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import Model, QuerySet
 
 if TYPE_CHECKING:
     from ..watermarks import WatermarkTriggers
@@ -83,6 +89,10 @@ class Dialect(abc.ABC):
     """Frozen SQL by migration step (``"0006_grant_point_functions"``, and
     ``"<migration>.backwards"`` for a reversal); a step not here runs nothing."""
 
+    json_max_depth: ClassVar[int | None] = None
+    """The levels of arrays and objects a JSON value may nest in this database's
+    JSON columns; None: more than anyone needs."""
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__}>"
 
@@ -105,6 +115,12 @@ class Dialect(abc.ABC):
         """Make the token floor's row (at 0) if it is missing; leave it alone if not."""
 
     @abc.abstractmethod
+    def create_missing(self, rows: QuerySet[Any], new: list[Model], unique: str) -> None:
+        """Insert each of ``new`` into ``rows``' table unless a row with the same
+        ``unique`` field exists; the caller then locks the rows with
+        ``select_for_update``."""
+
+    @abc.abstractmethod
     def codepoint_order(self, field: str) -> Any:
         """An expression ordering ``field`` by codepoint, as Python sorts strings."""
 
@@ -116,6 +132,11 @@ class Dialect(abc.ABC):
     def replication(self, connection: BaseDatabaseWrapper) -> Replication | None:
         """The database's replicas as it reports them, or None (no such notion).
         Raises ``DatabaseError`` if the database cannot be asked."""
+
+    def after_migrate(self, connection: BaseDatabaseWrapper) -> list[str]:
+        """Bring the app's tables on ``connection`` to what this database needs, after
+        every ``migrate``; returns the tables changed. Nothing by default."""
+        return []
 
     def run_migration_sql(self, connection: BaseDatabaseWrapper, step: str) -> bool:
         """Run the frozen SQL of migration ``step`` on ``connection``, if it has any.

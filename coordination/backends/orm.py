@@ -21,12 +21,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from django.core.checks import CheckMessage, Error
+from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import F
+from django.db.models import F, Model, QuerySet
 
 from ..leases import Lease
 from ..models import Grant, GrantEnd, GrantMode, Lock, Ticket, TokenFloor, hash_lease_id
 from ..watermarks import WatermarkTriggers
+from . import dialect_of
 from .base import (
     Acquired,
     Ended,
@@ -200,11 +202,11 @@ def locked_row(alias: str, key: str, *, create: bool = False) -> Lock | None:
         except Lock.DoesNotExist:
             if not create:
                 return None
-        # ON CONFLICT DO NOTHING: racing first acquirers of a new key both get
-        # past here without an error, then queue on the same row lock. The row
-        # that made the insert a no-op may be pruned before it is locked
-        # (coordination.pruning): then look again, and make it again.
-        Lock.objects.using(alias).bulk_create([Lock(key=key)], ignore_conflicts=True)
+        # Racing first acquirers of a new key all get past here without an error,
+        # then queue on the same row lock. The row that made the insert a no-op
+        # may be pruned before it is locked (coordination.pruning): then look
+        # again, and make it again.
+        dialect_of(connections[alias]).create_missing(Lock.objects.using(alias), [Lock(key=key)], "key")
 
 
 # --- the dialect of a database without a backend of its own ---------------------------
@@ -225,7 +227,7 @@ class OrmDialect(Dialect):
             f"database {connection.alias!r} ({connection.display_name}) has no watermark "
             "triggers in coordination: nothing there would refuse an UPDATE that lowers a "
             "watermark or a token counter (rule 8 of docs/rules.md). Keep the lock and "
-            "fenced tables on PostgreSQL or SQLite, or add a backend for this database "
+            "fenced tables on PostgreSQL, MariaDB or SQLite, or add a backend for this database "
             "(coordination/backends/dialect.py lists what it implements)."
         )
 
@@ -237,6 +239,11 @@ class OrmDialect(Dialect):
             [TokenFloor(pk=TokenFloor.ROW)], ignore_conflicts=True
         )
 
+    def create_missing(self, rows: QuerySet[Any], new: list[Model], unique: str) -> None:
+        # ON CONFLICT DO NOTHING: racing creators all get past here without an
+        # error, then queue on the same row lock.
+        rows.bulk_create(new, ignore_conflicts=True)
+
     def codepoint_order(self, field: str) -> Any:
         return F(field)
 
@@ -244,10 +251,11 @@ class OrmDialect(Dialect):
         engine = str(config.get("ENGINE", ""))
         return [
             Error(
-                f"Database {alias!r} uses {engine}; coordination supports PostgreSQL and SQLite. "
+                f"Database {alias!r} uses {engine}; coordination supports PostgreSQL, MariaDB "
+                "and SQLite. "
                 "Elsewhere its grants would run on the portable ORM grant point, but nothing "
                 "in the database would keep watermarks and token counters from going down.",
-                hint="Point COORDINATION['DATABASE'] at a PostgreSQL database.",
+                hint="Point COORDINATION['DATABASE'] at a PostgreSQL or MariaDB database.",
                 id="coordination.E001",
             )
         ]

@@ -32,7 +32,7 @@ from django.core.checks import CheckMessage
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, ProgrammingError, connections, models, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import F
+from django.db.models import F, Model, QuerySet
 from django.db.models.functions import Collate
 
 from ..conf import app_settings
@@ -913,6 +913,9 @@ class PostgreSQLDialect(Dialect):
                 "ON CONFLICT (id) DO NOTHING",
                 [TokenFloor.ROW],
             )
+
+    def create_missing(self, rows: QuerySet[Any], new: list[Model], unique: str) -> None:
+        rows.bulk_create(new, ignore_conflicts=True)  # ON CONFLICT DO NOTHING
 
     def codepoint_order(self, field: str) -> Any:
         # The "C" collation: the database's default may sort case and punctuation otherwise.

@@ -287,9 +287,10 @@ def _locked_fences(names: list[str], key_of: Callable[[str], str], alias: str) -
     found = list(rows.order_by("resource"))
     if len(found) < len(names):
         existing = {row.resource for row in found}
-        Fence.objects.using(alias).bulk_create(
+        dialect_of(connections[alias]).create_missing(
+            Fence.objects.using(alias),
             [Fence(resource=name, lock_key=key_of(name)) for name in names if name not in existing],
-            ignore_conflicts=True,
+            "resource",
         )
         found = list(rows.order_by("resource"))
     return found

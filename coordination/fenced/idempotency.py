@@ -6,9 +6,10 @@ import json
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
-from django.db import transaction
+from django.db import connections, transaction
 
 from .. import results
+from ..backends import dialect_of
 from ..conf import app_settings
 from ..exceptions import InvalidInput
 from ..models import IdempotencyRecord
@@ -41,7 +42,7 @@ def idempotent(key: str, operation: Callable[[], T], *, using: str | None = None
     with transaction.atomic(using=alias):
         # Insert-or-nothing, then lock: a concurrent retry blocks on this row
         # until the first run commits, instead of running the operation again.
-        records.bulk_create([IdempotencyRecord(key=key)], ignore_conflicts=True)
+        dialect_of(connections[alias]).create_missing(records, [IdempotencyRecord(key=key)], "key")
         record = records.select_for_update().get(key=key)
         if record.completed:
             return cast(T, results.decode(record.result))

@@ -163,7 +163,7 @@ class FencedModel(models.Model):
             guarded, using, pk_val, values, update_fields, forced_update, *args
         )
         if updated:
-            return updated
+            return _returned(updated, base_qs.filter(pk=pk_val), args)
         current = base_qs.filter(pk=pk_val).values_list("fence", "fence_step").first()
         if current is None or current <= (token, step):
             return updated  # no row (or one inserted since): Django's own path
@@ -219,6 +219,7 @@ class FencedModel(models.Model):
             )
             # The instance now holds the row's data: it is as fresh as a reload.
             self.fence, self.fence_step = mark
+            return _returned(updated, base_qs.filter(pk=pk_val), args)
         return updated
 
     def _do_insert(
@@ -278,6 +279,18 @@ class FencedModel(models.Model):
             grant, step=write_step, **{name: getattr(self, name) for name in fields}
         )
         self.fence, self.fence_step = grant.token, write_step
+
+
+def _returned(updated: Any, row: models.QuerySet[Any], args: tuple[Any, ...]) -> Any:
+    """What Django 6's ``save()`` reads back from the UPDATE (``RETURNING``), read
+    from the row where the database cannot return it (MariaDB): without it the
+    watermark columns, set to themselves, would be left unloaded, and the
+    instance's next ``save()`` refused as stale."""
+    returning_fields = args[0] if args else None
+    if not returning_fields or any(len(found) for found in updated):
+        return updated
+    values = row.values_list(*(field.attname for field in returning_fields)).first()
+    return [values] if values is not None else updated
 
 
 @cache

@@ -268,7 +268,9 @@ def _compare_shape(
         # Sent by fenced_update() as by the public path (which writes nothing
         # after it: the same step again is not admitted).
         assert sent[0] == sent[1], shape
-        assert (sent[0] == []) == (shape in {"sliced", "nothing asked for"}), shape
+        # MySQLdb logs a statement the server refused (NULL into NOT NULL) as "None".
+        unlogged = {"None as a value"} if connection.vendor == "mysql" else set()
+        assert (sent[0] == []) == (shape in {"sliced", "nothing asked for", *unlogged}), shape
     locks.release(grant)
 
 

@@ -78,8 +78,8 @@ def test_fence_column_is_not_null_with_default_zero_in_the_database() -> None:
                 cursor, Account._meta.db_table
             )
         }
-    assert columns["fence"].null_ok is False
-    assert columns["fence_step"].null_ok is False
+    assert not columns["fence"].null_ok  # False; 0 from MySQLdb
+    assert not columns["fence_step"].null_ok
     with pytest.raises(IntegrityError), transaction.atomic():
         Account.objects.filter(pk=AccountFactory().pk).update(fence=None)
 

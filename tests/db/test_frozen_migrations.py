@@ -96,6 +96,10 @@ def test_migrate_ends_with_todays_watermark_triggers() -> None:
         transaction.set_rollback(True)
 
 
+@pytest.mark.legs(
+    "pg", "sqlite", "lts",
+    reason="MariaDB came after these migrations: its triggers are only today's (post_migrate)",
+)
 def test_old_trigger_migrations_keep_their_own_sql() -> None:
     # 0007 guards the lock and the fence; the token floor came with 0008.
     frozen = dialect_of(connection).migration_sql

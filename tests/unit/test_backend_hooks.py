@@ -23,13 +23,16 @@ from coordination import watermarks
 from coordination.backends import DIALECTS, dialect_for_settings
 from coordination.backends.base import GrantPoint
 from coordination.backends.dialect import Dialect, WatermarksNotEnforced
+from coordination.backends.mysql import MySQLGrantPoint
 from coordination.backends.orm import OrmDialect
 from coordination.backends.postgresql import PostgreSQLGrantPoint, PostgreSQLOrmGrantPoint
 from coordination.backends.sqlite import SQLiteGrantPoint
 
 APP = Path(__file__).resolve().parents[2] / "coordination"
 DIALECT_HOOKS = sorted(Dialect.__abstractmethods__)
-GRANT_POINT_CLASSES = [PostgreSQLGrantPoint, PostgreSQLOrmGrantPoint, SQLiteGrantPoint]
+GRANT_POINT_CLASSES = [
+    PostgreSQLGrantPoint, PostgreSQLOrmGrantPoint, SQLiteGrantPoint, MySQLGrantPoint,
+]
 
 
 def dialect_classes() -> list[type[Dialect]]:
@@ -38,7 +41,7 @@ def dialect_classes() -> list[type[Dialect]]:
 
 def test_the_dialect_declares_its_hooks_abstract() -> None:
     assert DIALECT_HOOKS == [
-        "bound_idle_transaction", "check_settings", "codepoint_order",
+        "bound_idle_transaction", "check_settings", "codepoint_order", "create_missing",
         "ensure_token_floor_row", "grant_point", "replication", "watermark_triggers",
     ]
 
@@ -84,12 +87,12 @@ def test_a_dialect_that_leaves_a_hook_out_cannot_be_made() -> None:
 
 def unknown_database() -> Any:
     return SimpleNamespace(
-        vendor="mysql", alias="other", display_name="MySQL", ops=connection.ops,
+        vendor="oracle", alias="other", display_name="Oracle", ops=connection.ops,
     )
 
 
 def test_an_unknown_database_gets_the_portable_dialect() -> None:
-    assert type(dialect_for_settings({"ENGINE": "django.db.backends.mysql"})) is OrmDialect
+    assert type(dialect_for_settings({"ENGINE": "django.db.backends.oracle"})) is OrmDialect
 
 
 def test_installing_watermarks_on_an_unknown_database_raises_and_says_why() -> None:
@@ -106,15 +109,15 @@ def test_nothing_to_guard_on_an_unknown_database_is_not_an_error() -> None:
 
 
 def test_the_check_of_an_unknown_database_says_watermarks_are_not_enforced() -> None:
-    (message,) = OrmDialect().check_settings("other", {"ENGINE": "django.db.backends.mysql"})
+    (message,) = OrmDialect().check_settings("other", {"ENGINE": "django.db.backends.oracle"})
     assert message.id == "coordination.E001" and message.level == ERROR
-    assert "watermarks" in message.msg and "django.db.backends.mysql" in message.msg
+    assert "watermarks" in message.msg and "django.db.backends.oracle" in message.msg
 
 
 # --- nobody else names a database ---------------------------------------------------------
 
 # A database vendor named in code: ``connection.vendor``, or a string naming one.
-VENDOR = re.compile(r"\bvendor\b|[\"'](postgresql|sqlite)[\"']")
+VENDOR = re.compile(r"\bvendor\b|[\"'](postgresql|sqlite|mysql)[\"']")
 
 
 def outside_backends() -> list[Path]:

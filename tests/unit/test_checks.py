@@ -40,7 +40,7 @@ def test_postgresql_without_atomic_requests_passes() -> None:
 
 
 def test_unsupported_database_is_e001() -> None:
-    with override_settings(DATABASES=databases(ENGINE="django.db.backends.mysql", NAME="x")):
+    with override_settings(DATABASES=databases(ENGINE="django.db.backends.oracle", NAME="x")):
         assert ids(checks.check_database()) == ["coordination.E001"]
 
 
