@@ -5,6 +5,8 @@
 #                    (postgres://coordination@127.0.0.1:54329/coordination)
 #   start_redis      exports COORDINATION_TEST_REDIS_URL and COORDINATION_REDIS_PORT
 #                    (redis://127.0.0.1:63799/0)
+#   start_mariadb    exports COORDINATION_TEST_MARIADB_URL and COORDINATION_MARIADB_PORT
+#                    (mysql://coordination:coordination@127.0.0.1:33069/coordination)
 #
 # Each does nothing if its URL variable is already set (bring your own server).
 #
@@ -34,8 +36,10 @@ source "$(dirname "${BASH_SOURCE[0]}")/_bootstrap.sh"
 # A port the caller gives is used as given; else the search starts at the default.
 _SVC_PG_PORT_GIVEN=${COORDINATION_PG_PORT:+1}
 _SVC_REDIS_PORT_GIVEN=${COORDINATION_REDIS_PORT:+1}
+_SVC_MARIADB_PORT_GIVEN=${COORDINATION_MARIADB_PORT:+1}
 COORDINATION_PG_PORT=${COORDINATION_PG_PORT:-54329}
 COORDINATION_REDIS_PORT=${COORDINATION_REDIS_PORT:-63799}
+COORDINATION_MARIADB_PORT=${COORDINATION_MARIADB_PORT:-33069}
 # How many ports after the default a search tries before giving up.
 _SVC_PORT_TRIES=50
 # Lock and user registry shared by all checkouts and users of this machine.
@@ -483,6 +487,139 @@ _stop_redis() {
             wait "$_REDIS_PID" 2>/dev/null || true
         fi
         _svc_forget_server "$name"
+    fi
+    _svc_mutex_release
+}
+
+# --- MariaDB ----------------------------------------------------------------
+# start_mariadb exports COORDINATION_TEST_MARIADB_URL and COORDINATION_MARIADB_PORT
+# (mysql://coordination:coordination@127.0.0.1:33069/coordination). Its data
+# lives in a throwaway directory, removed when the server stops: mariadb-install-db
+# makes a new one in seconds. It runs as the `mysql` user when we are root.
+
+_mariadb_admin() { # _mariadb_admin SQL: as the server's root, over its socket
+    timeout 30 mariadb --no-defaults -u root --socket="$_MARIADB_ROOT/mysqld.sock" -N -e "$1"
+}
+
+_mariadb_ping() {
+    timeout 5 mariadb-admin --no-defaults -h 127.0.0.1 -P "$COORDINATION_MARIADB_PORT" \
+        -u coordination -pcoordination --connect-timeout=3 ping >/dev/null 2>&1
+}
+
+_mariadb_ours() {
+    local pid
+    pid=$(_svc_recorded_pid "mariadb-$COORDINATION_MARIADB_PORT") || return 1
+    _MARIADB_ROOT=$(cat "$_SVC_SHARED_DIR/mariadb-$COORDINATION_MARIADB_PORT.root" 2>/dev/null) || return 1
+    [[ "$(cat "$_MARIADB_ROOT/mysqld.pid" 2>/dev/null)" == "$pid" ]] && _mariadb_ping
+}
+
+_mariadb_start_new() {
+    local owner i log
+    _MARIADB_ROOT=$(mktemp -d "${TMPDIR:-/tmp}/coordination-mariadb.XXXXXX")
+    chmod 755 "$_MARIADB_ROOT"
+    owner=$(id -un)
+    if [[ $EUID -eq 0 ]]; then
+        id -u mysql >/dev/null 2>&1 ||
+            die "running as root, but there is no 'mysql' user to run MariaDB as (apt-get install mariadb-server creates it)"
+        owner=mysql
+        chown mysql:mysql "$_MARIADB_ROOT"
+    fi
+    log="$_MARIADB_ROOT/error.log"
+    info "MariaDB: mariadb-install-db $_MARIADB_ROOT/data"
+    (cd / && runuser -u "$owner" -- mariadb-install-db --no-defaults --datadir="$_MARIADB_ROOT/data" \
+        --auth-root-authentication-method=socket --skip-test-db --skip-name-resolve) \
+        >"$_MARIADB_ROOT/install.log" 2>&1 ||
+        { tail -n 20 "$_MARIADB_ROOT/install.log" >&2; die "mariadb-install-db failed (log: $_MARIADB_ROOT/install.log)"; }
+    info "MariaDB: starting on 127.0.0.1:$COORDINATION_MARIADB_PORT (data $_MARIADB_ROOT/data, log $log)"
+    # Commits wait for the log write, not for the disk (as the private PostgreSQL
+    # does): its databases are made again by every run.
+    # Every descriptor of the caller's is closed: a pipe the caller reads must end.
+    (cd / && exec setsid runuser -u "$owner" -- "$_MARIADB_BIN" --no-defaults \
+        --datadir="$_MARIADB_ROOT/data" --port="$COORDINATION_MARIADB_PORT" --bind-address=127.0.0.1 \
+        --socket="$_MARIADB_ROOT/mysqld.sock" --pid-file="$_MARIADB_ROOT/mysqld.pid" \
+        --log-error="$log" --skip-name-resolve --max-connections=300 \
+        --character-set-server=utf8mb4 --collation-server=utf8mb4_general_ci \
+        --innodb-flush-log-at-trx-commit=2 --innodb-buffer-pool-size=128M) \
+        {_SVC_MUTEX_FD}<&- </dev/null >/dev/null 2>&1 &
+    for ((i = 0; i < 120; i++)); do
+        [[ -S $_MARIADB_ROOT/mysqld.sock && -s $_MARIADB_ROOT/mysqld.pid ]] && break
+        if grep -q "Do you already have another server running on port" "$log" 2>/dev/null; then
+            info "MariaDB: port $COORDINATION_MARIADB_PORT was taken while starting"
+            rm -rf -- "$_MARIADB_ROOT"
+            return 2
+        fi
+        sleep 0.25
+    done
+    [[ -S $_MARIADB_ROOT/mysqld.sock ]] ||
+        { tail -n 20 "$log" >&2 2>/dev/null; die "MariaDB failed to start (log: $log)"; }
+    _mariadb_admin "CREATE USER IF NOT EXISTS 'coordination'@'127.0.0.1' IDENTIFIED BY 'coordination';
+        GRANT ALL PRIVILEGES ON *.* TO 'coordination'@'127.0.0.1';
+        CREATE DATABASE IF NOT EXISTS coordination CHARACTER SET utf8mb4;" ||
+        die "MariaDB: could not create the coordination user (log: $log)"
+    _mariadb_ping || die "MariaDB started but does not answer on port $COORDINATION_MARIADB_PORT (log: $log)"
+}
+
+start_mariadb() {
+    if [[ -n "${COORDINATION_TEST_MARIADB_URL:-}" ]]; then
+        info "MariaDB: using COORDINATION_TEST_MARIADB_URL from the environment"
+        return 0
+    fi
+    _MARIADB_BIN=$(command -v mariadbd || echo /usr/sbin/mariadbd)
+    [[ -x $_MARIADB_BIN ]] && command -v mariadb-install-db >/dev/null && command -v mariadb >/dev/null ||
+        die "MariaDB server not found. Install:  apt-get install mariadb-server
+       or point COORDINATION_TEST_MARIADB_URL at a MariaDB you already run."
+    command -v flock >/dev/null || die "flock missing: apt-get install util-linux"
+
+    local name tries started
+    for ((tries = 0; ; tries++)); do
+        name="mariadb-$COORDINATION_MARIADB_PORT"
+        _svc_mutex_acquire "$name"
+        if _mariadb_ours; then
+            info "MariaDB: reusing ours on port $COORDINATION_MARIADB_PORT"
+            break
+        fi
+        if port_free "$COORDINATION_MARIADB_PORT"; then
+            started=0
+            _mariadb_start_new || started=$?
+            if ((started == 0)); then
+                _svc_record_server "$name" "$(cat "$_MARIADB_ROOT/mysqld.pid")"
+                printf '%s\n' "$_MARIADB_ROOT" >"$_SVC_SHARED_DIR/$name.root"
+                break
+            fi
+        fi
+        _svc_mutex_release
+        [[ -z $_SVC_MARIADB_PORT_GIVEN ]] || port_taken COORDINATION_MARIADB_PORT
+        ((tries < _SVC_PORT_TRIES)) || die "MariaDB: no free port from $((COORDINATION_MARIADB_PORT - tries))"
+        info "MariaDB: port $COORDINATION_MARIADB_PORT is taken by another process; trying the next one"
+        COORDINATION_MARIADB_PORT=$((COORDINATION_MARIADB_PORT + 1))
+    done
+    _svc_register_user "$name"
+    _svc_mutex_release
+    on_exit _stop_mariadb
+
+    export COORDINATION_MARIADB_PORT
+    export COORDINATION_TEST_MARIADB_URL="mysql://coordination:coordination@127.0.0.1:$COORDINATION_MARIADB_PORT/coordination"
+}
+
+_stop_mariadb() {
+    local name="mariadb-$COORDINATION_MARIADB_PORT" others pid i
+    _svc_mutex_acquire "$name"
+    others=$(_svc_unregister_user "$name")
+    if [[ -n $others ]]; then
+        info "MariaDB: left running for other users (pid ${others//$'\n'/ })"
+    elif [[ "${COORDINATION_KEEP_SERVICES:-0}" == 1 ]]; then
+        info "MariaDB: left running on port $COORDINATION_MARIADB_PORT (COORDINATION_KEEP_SERVICES=1)"
+    elif pid=$(_svc_recorded_pid "$name"); then
+        info "MariaDB: stopping"
+        kill "$pid" 2>/dev/null || true
+        for ((i = 0; i < 120; i++)); do
+            kill -0 "$pid" 2>/dev/null || break
+            sleep 0.25
+        done
+        kill -9 "$pid" 2>/dev/null || true
+        _svc_forget_server "$name"
+        rm -f "$_SVC_SHARED_DIR/$name.root"
+        [[ $_MARIADB_ROOT == "${TMPDIR:-/tmp}"/coordination-mariadb.* ]] && rm -rf -- "$_MARIADB_ROOT"
     fi
     _svc_mutex_release
 }

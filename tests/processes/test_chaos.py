@@ -121,6 +121,20 @@ def test_a_short_chaos_run_on_the_embedded_sqlite_default_keeps_the_contract() -
     assert report.figures["worker_crashes"] == 0
 
 
+@pytest.mark.legs("mariadb", reason="MariaDB's own run; the PostgreSQL legs run the longer ones")
+@pytest.mark.django_db(transaction=True)
+def test_a_chaos_run_of_every_primitive_on_mariadb_keeps_the_contract() -> None:
+    # Locks, readers, permits and sets on the portable grant point, with the
+    # watermark triggers in MariaDB's dialect at the resource.
+    config = ChaosConfig(seconds=10, workers=4, keys=2, ttl=0.8, fault_interval=0.8,
+                         faults=("pause", "kill"), primitives=True, extend_up_to=60)
+    report = ChaosRun(config, out=io.StringIO()).run()
+    assert report.passed, report.summary()
+    assert report.figures["worker_crashes"] == 0, report.summary()
+    assert report.figures["stale_write_attempts"] > 0, report.summary()
+    assert report.figures["refused_by_reason"].get("stale_token", 0) > 0, report.summary()
+
+
 @pytest.mark.postgres
 @pytest.mark.legs("pg", reason="a real run of every primitive; the other legs run the same code")
 @pytest.mark.django_db(transaction=True)

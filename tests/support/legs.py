@@ -1,8 +1,9 @@
 """Which leg this run is, and what a missing service means on it.
 
-bin/test runs the suite on three legs: ``pg`` (PostgreSQL, the main Django),
-``sqlite`` (the embedded SQLite default, the main Django) and ``lts``
-(PostgreSQL, Django 5.2 LTS). The leg is read from the database and Django the
+bin/test runs the suite on four legs: ``pg`` (PostgreSQL, the main Django),
+``sqlite`` (the embedded SQLite default, the main Django), ``lts``
+(PostgreSQL, Django 5.2 LTS) and ``mariadb`` (MariaDB, the main Django: the
+database's side of the suite). The leg is read from the database and Django the
 run really uses, never from a variable that could disagree with them.
 """
 
@@ -15,10 +16,10 @@ import django
 import pytest
 from django.db import connection
 
-LEGS = ("pg", "sqlite", "lts")
+LEGS = ("pg", "sqlite", "lts", "mariadb")
 
 # Why the SQLite leg skips a @pytest.mark.postgres test.
-POSTGRES_ONLY = "PostgreSQL-only behaviour; this leg is SQLite"
+POSTGRES_ONLY = "PostgreSQL-only behaviour; this leg is not PostgreSQL"
 # Skips that are a leg's design besides the marks (which say "runs on the
 # ... leg only: why", see leg_only): what one Django version has and the other
 # lacks. A skip for any other reason fails the leg where services are required
@@ -27,13 +28,17 @@ EXPECTED_SKIPS: dict[str, tuple[str, ...]] = {
     "pg": ("this Django has django.tasks",),
     "sqlite": (POSTGRES_ONLY, "this Django has django.tasks"),
     "lts": ("django.tasks is Django 6.0+",),
+    "mariadb": (POSTGRES_ONLY, "this Django has django.tasks"),
 }
 
 
 def current_leg() -> str:
-    """``"sqlite"``, ``"pg"`` (PostgreSQL on Django 6+) or ``"lts"`` (PostgreSQL on 5.2)."""
+    """``"sqlite"``, ``"mariadb"``, ``"pg"`` (PostgreSQL on Django 6+) or ``"lts"``
+    (PostgreSQL on 5.2)."""
     if connection.vendor == "sqlite":
         return "sqlite"
+    if connection.vendor == "mysql":
+        return "mariadb"
     return "pg" if django.VERSION >= (6, 0) else "lts"
 
 

@@ -64,3 +64,20 @@ def test_the_sites_settings_read_a_multi_host_database_url(
     assert (database["HOST"], database["PORT"]) == ("db1,db2", "5432,5432")
     assert database["OPTIONS"]["target_session_attrs"] == "read-write"
     assert database["CONN_MAX_AGE"] == 0
+
+
+@pytest.mark.parametrize(
+    "engine", ["django.db.backends.postgresql", "django.db.backends.mysql"]
+)
+def test_the_demos_workers_get_the_url_of_the_demos_own_database(engine: str) -> None:
+    import dj_database_url
+
+    from project.lab.management.commands.coordination_demo import database_url as demo_url
+
+    settings = {"ENGINE": engine, "NAME": "test_coordination", "USER": "app",
+                "PASSWORD": "s3cret/+", "HOST": "127.0.0.1", "PORT": 33069}
+    parsed = dj_database_url.parse(demo_url(settings))
+    assert parsed["ENGINE"] == engine
+    assert (parsed["NAME"], parsed["USER"], parsed["PASSWORD"], parsed["HOST"], parsed["PORT"]) == (
+        "test_coordination", "app", "s3cret/+", "127.0.0.1", 33069,
+    )

@@ -66,7 +66,7 @@ def test_an_unexpected_skip_fails_the_leg_where_services_are_required(pytester: 
 def test_skips_the_leg_expects_pass(pytester: pytest.Pytester) -> None:
     result = run(pytester, "sqlite", enforce=True, tests=TESTS + """
 
-@pytest.mark.skip(reason="PostgreSQL-only behaviour; this leg is SQLite")
+@pytest.mark.skip(reason="PostgreSQL-only behaviour; this leg is not PostgreSQL")
 def test_row_locks():
     pass
 """)
