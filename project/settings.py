@@ -128,6 +128,11 @@ def _database_from_environment() -> dict[str, Any]:
         # Tests use a file too: Django's in-memory test database runs in shared
         # cache mode, whose table locks ignore the busy timeout.
         config.setdefault("TEST", {}).setdefault("NAME", str(VAR_DIR / "test.sqlite3"))
+    if config["ENGINE"] == "django.db.backends.mysql":
+        # Four-byte characters (emoji) in keys and payloads; the app's own tables
+        # are made binary after every migrate (coordination.backends.mysql).
+        config.setdefault("OPTIONS", {}).setdefault("charset", "utf8mb4")
+        config.setdefault("TEST", {}).setdefault("CHARSET", "utf8mb4")
     return config
 
 

@@ -52,7 +52,8 @@ START_TIMEOUT = 90.0
 
 
 def database_url(settings_dict: dict[str, Any]) -> str:
-    """A ``DATABASE_URL`` naming the database ``settings_dict`` points at (PostgreSQL or SQLite).
+    """A ``DATABASE_URL`` naming the database ``settings_dict`` points at (PostgreSQL,
+    MariaDB or SQLite).
 
     Workers started by the demo (and by the test suite) use it, so they write to
     the very database this process uses, the test database included.
@@ -61,14 +62,16 @@ def database_url(settings_dict: dict[str, Any]) -> str:
     name = str(settings_dict["NAME"])
     if "sqlite" in engine:
         return f"sqlite:///{Path(name).resolve()}"
-    if "postgresql" not in engine:
-        raise CommandError(f"the demo runs on PostgreSQL or SQLite, not {engine}")
+    schemes = {"postgresql": "postgres", "mysql": "mysql"}
+    scheme = next((url for word, url in schemes.items() if word in engine), None)
+    if scheme is None:
+        raise CommandError(f"the demo runs on PostgreSQL, MariaDB or SQLite, not {engine}")
     user = quote(str(settings_dict.get("USER") or ""), safe="")
     password = quote(str(settings_dict.get("PASSWORD") or ""), safe="")
     credentials = f"{user}:{password}@" if password else f"{user}@" if user else ""
     host = str(settings_dict.get("HOST") or "localhost")
     port = f":{settings_dict['PORT']}" if settings_dict.get("PORT") else ""
-    return f"postgres://{credentials}{host}{port}/{quote(name, safe='')}"
+    return f"{scheme}://{credentials}{host}{port}/{quote(name, safe='')}"
 
 
 def worker_environment(broker_url: str, alias: str | None = None) -> dict[str, str]:
