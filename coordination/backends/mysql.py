@@ -10,22 +10,26 @@ SQLite: after every ``migrate`` the app's tables are converted to
 ``utf8mb4_bin`` (a server's default collation, ``utf8mb4_general_ci`` on
 Debian, would make ``Billing:1`` and ``billing:1`` one lock).
 
-Failure modes: the server has no idle bound for one transaction (a client
-paused inside a grant keeps the key's row until it wakes or its connection
-dies; a waiter's row-lock wait ends after ``innodb_lock_wait_timeout``), no
-promotion guard, and a JSON value nests at most 31 levels.
+Failure modes: a client paused inside a grant transaction has its session
+ended after ``IDLE_BOUND`` seconds (MariaDB's ``idle_transaction_timeout``,
+set for that transaction); a ``fence()`` block has no such bound (a holder
+paused inside it keeps its Fence rows until it wakes or its connection dies,
+and a waiter's row-lock wait ends after ``innodb_lock_wait_timeout``). No
+promotion guard; a JSON value nests at most 31 levels.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, suppress
 from typing import Any, TypeVar
 
 from django.core.checks import CheckMessage, Error, Warning
-from django.db import OperationalError, models
+from django.db import DatabaseError, OperationalError, models
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import F
 from django.db.models.functions import Collate
@@ -42,7 +46,7 @@ from ..watermarks import (
     fingerprint,
     sql_literal,
 )
-from .base import GrantPoint
+from .base import IDLE_BOUND, GrantPoint, refuse_in_caller_transaction
 from .orm import OrmDialect, OrmGrantPoint
 from .sqlite import MUST_RISE_MESSAGE, NOT_LOWERED_MESSAGE
 
@@ -84,6 +88,30 @@ class MySQLGrantPoint(OrmGrantPoint):
     victim is run again (at most five times)."""
 
     name = "mysql"
+
+    @contextmanager
+    def transaction(self) -> Iterator[BaseDatabaseWrapper]:
+        """The grant point's transaction, bounded as on PostgreSQL: MariaDB ends the
+        session of a client that idles more than ``IDLE_BOUND`` seconds inside it
+        (its rows freed; the client gets ``GrantPointUnavailable``). The bound is a
+        session variable, so it is set before the transaction and reset after it:
+        the caller's own transactions on this connection keep the server's."""
+        connection = self.connection
+        refuse_in_caller_transaction(connection)
+        if not getattr(connection, "mysql_is_mariadb", False):
+            # MySQL has no such variable: no bound there.
+            with super().transaction() as connection:
+                yield connection
+            return
+        with connection.cursor() as cursor:
+            cursor.execute(f"SET SESSION idle_transaction_timeout = {math.ceil(IDLE_BOUND)}")
+        try:
+            with super().transaction() as connection:
+                yield connection
+        finally:
+            # A session the server ended has nothing to reset (Django closes it).
+            with suppress(DatabaseError), connection.cursor() as cursor:
+                cursor.execute("SET SESSION idle_transaction_timeout = DEFAULT")
 
     acquire = _retried_on_deadlock(OrmGrantPoint.acquire)
     acquire_many = _retried_on_deadlock(OrmGrantPoint.acquire_many)

@@ -14,9 +14,11 @@ seconds long, and every wait has a deadline of tens of seconds.
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
+from unittest import mock
 
 import pytest
 from django.db import connection, connections
@@ -29,6 +31,14 @@ from coordination.models import Fence
 from tests.support.waiting import wait_until_database_time_passes
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def mariadb_idle_setting() -> tuple[int, int]:
+    """MariaDB's idle bound: (this session's, the server's default)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT @@SESSION.idle_transaction_timeout, @@GLOBAL.idle_transaction_timeout")
+        session, default = cursor.fetchone()
+        return int(session), int(default)
 
 
 def idle_setting() -> str:
@@ -122,6 +132,24 @@ def test_the_bound_is_the_fence_transactions_alone() -> None:
     leadership.resign()
 
 
+@pytest.mark.legs("mariadb", reason="MariaDB's bound is a session variable, set and reset")
+def test_mariadbs_bound_is_the_grant_transactions_alone() -> None:
+    during: list[tuple[int, int]] = []
+    original_now = grant_points.GrantPoint.now
+
+    def now(point: grant_points.GrantPoint) -> object:
+        during.append(mariadb_idle_setting())
+        return original_now(point)
+
+    with mock.patch.object(grant_points.GrantPoint, "now", now):
+        grant = locks.acquire("idle-mariadb", holder="a", ttl=30)
+    session, default = mariadb_idle_setting()
+    assert during and during[0][0] == math.ceil(grant_points.IDLE_BOUND) != default
+    assert session == default  # the caller's transactions keep the server's setting
+    locks.release(grant)
+    assert mariadb_idle_setting()[0] == default
+
+
 def test_a_bad_bound_is_refused_before_anything_is_locked() -> None:
     grant = locks.acquire("idle-bad", holder="a", ttl=30)
     for bad in (0, -1, "5", True):
@@ -133,7 +161,7 @@ def test_a_bad_bound_is_refused_before_anything_is_locked() -> None:
         assert row.token == grant.token
 
 
-@pytest.mark.postgres
+@pytest.mark.legs("pg", "mariadb", reason="SQLite has no idle bound (one writer at a time)")
 def test_a_client_paused_inside_a_renewal_does_not_keep_the_key_ungrantable(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
