@@ -44,6 +44,30 @@ def test_unsupported_database_is_e001() -> None:
         assert ids(checks.check_database()) == ["coordination.E001"]
 
 
+MARIADB = {"ENGINE": "django.db.backends.mysql", "NAME": "x"}
+
+
+def test_mariadb_with_utf8mb4_and_read_committed_passes() -> None:
+    for options in ({"charset": "utf8mb4"}, {"charset": "utf8mb4", "isolation_level": "read committed"}):
+        with override_settings(DATABASES=databases(**MARIADB, OPTIONS=options)):
+            assert checks.check_database() == []
+
+
+def test_mariadb_under_another_isolation_level_is_e006() -> None:
+    options = {"charset": "utf8mb4", "isolation_level": "repeatable read"}
+    with override_settings(DATABASES=databases(**MARIADB, OPTIONS=options)):
+        (message,) = checks.check_database()
+    assert message.id == "coordination.E006" and message.level == ERROR
+    assert "'repeatable read'" in message.msg and 'DATABASES["default"]' in message.hint
+
+
+def test_mariadb_without_utf8mb4_is_w007() -> None:
+    with override_settings(DATABASES=databases(**MARIADB)):
+        (message,) = checks.check_database()
+    assert message.id == "coordination.W007" and message.level == WARNING
+    assert '["charset"] = "utf8mb4"' in message.hint
+
+
 def test_coordination_alias_missing_from_databases_is_e001() -> None:
     with override_settings(COORDINATION={"DATABASE": "locks"}):
         messages = checks.check_database()
