@@ -69,16 +69,15 @@ DEADLOCK_RETRIES = 5
 def _retried_on_deadlock(method: Callable[..., T]) -> Callable[..., T]:
     @functools.wraps(method)
     def retrying(self: MySQLGrantPoint, *args: Any, **kwargs: Any) -> T:
-        for attempt in range(DEADLOCK_RETRIES):
+        for attempt in range(1, DEADLOCK_RETRIES):
             try:
                 return method(self, *args, **kwargs)
             except OperationalError as error:
                 cause = error.__cause__
-                errno = cause.args[0] if cause is not None and cause.args else None
-                if errno != DEADLOCK or attempt == DEADLOCK_RETRIES - 1:
+                if cause is None or not cause.args or cause.args[0] != DEADLOCK:
                     raise
-            time.sleep(random.uniform(0.001, 0.005) * (attempt + 1))
-        raise AssertionError("unreachable")
+            time.sleep(random.uniform(0.001, 0.005) * attempt)
+        return method(self, *args, **kwargs)  # the last try: its deadlock is raised
 
     return retrying
 
