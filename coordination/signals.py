@@ -28,11 +28,15 @@ grant. Receivers take ``**kwargs``, so new arguments never break them.
 
 from django.dispatch import Signal
 
-lock_acquired = Signal()
-lock_released = Signal()
-lock_lost = Signal()
-write_accepted = Signal()
+# The grant point's and the fences' signals are sent on every acquire, release
+# and accepted write, always with a model class as the sender: their receivers
+# are looked up once per sender and kept until one connects or disconnects
+# (as Django's own model signals do), not gathered again on every send.
+lock_acquired = Signal(use_caching=True)
+lock_released = Signal(use_caching=True)
+lock_lost = Signal(use_caching=True)
+write_accepted = Signal(use_caching=True)
 write_rejected = Signal()
 task_skipped = Signal()
-lock_renewed = Signal()
-lock_expired = Signal()
+lock_renewed = Signal(use_caching=True)
+lock_expired = Signal(use_caching=True)

@@ -69,6 +69,7 @@ from .base import (
 )
 from .dialect import Dialect, Replication
 from .orm import OrmGrantPoint
+from .postgresql_calls import DIRECT, PreparedCalls
 from .postgresql_frozen import MIGRATION_SQL
 
 __all__ = [
@@ -532,6 +533,8 @@ class PostgreSQLOrmGrantPoint(OrmGrantPoint):
                 cursor.execute(sql, params, prepare=False)
                 return cursor.fetchone()
             try:
+                if DIRECT and type(params) is tuple:
+                    return PreparedCalls.of(cursor).run(sql, params)
                 self._execute_preparing(cursor, sql, params)
             except Exception as error:
                 # Outside a transaction the refused statement left the session idle.
