@@ -74,6 +74,8 @@ class BenchConfig:
     celery_rounds: int = 400
     celery_work_ms: float = 10.0
     statement_cycles: int = 3000
+    cpu_cycles: int = 1000
+    cpu_blocks: int = 9
     celery: bool = True
     # The cycle systems to run (None: all); the floors always run, as every
     # ratio is taken against them.
@@ -854,6 +856,107 @@ def statements_suite(config: BenchConfig, alias: str, progress: Callable[[str], 
         return results
     finally:
         admin.close()
+
+
+def cpu_suite(config: BenchConfig, alias: str, progress: Callable[[str], None]) -> dict[str, Any]:
+    """Client and server CPU per cycle of each layer, in one process.
+
+    The four layers' cycles (``floor_client``, ``app_functions_client``,
+    ``locks_client``) run in turn over 64 keys each, in ``config.cpu_blocks``
+    interleaved blocks of ``config.cpu_cycles``: the client's CPU from
+    ``time.process_time()``, its server process's from ``/proc`` (where the
+    server runs on this machine), the median of the blocks. At 8 clients on a
+    saturated machine a layer's rate is about the inverse of its total.
+    """
+    settings = connections.databases[alias]
+    admin = _connect(settings)
+    application = settings.get("OPTIONS", {}).get("application_name", "")
+    scopes = len(_client_scopes)
+    try:
+        cycles: dict[str, Operation] = {}
+        server_pids: dict[str, int | None] = {}
+        for index, (name, factory) in enumerate((
+            ("raw_sql_floor", floor_client(False)),
+            ("floor_with_history", floor_client(False, history=True)),
+            ("app_functions", app_functions_client(False)),
+            ("locks", locks_client(False)),
+        )):
+            before = _backend_pids(admin, application)
+            cycle = factory(index)
+            for _ in range(300):  # connected, every key's row exists, the calls prepared
+                cycle()
+            new = _backend_pids(admin, application) - before
+            cycles[name] = cycle
+            server_pids[name] = next(iter(new)) if len(new) == 1 else None
+        readable = all(_server_cpu(pid) is not None for pid in server_pids.values())
+        samples: dict[str, list[tuple[float, float | None]]] = {name: [] for name in cycles}
+        for block in range(config.cpu_blocks):
+            progress(f"cpu per cycle, block {block + 1} of {config.cpu_blocks}")
+            for name, cycle in cycles.items():
+                pid = server_pids[name] if readable else None
+                server_before = _server_cpu(pid)
+                client_before = time.process_time()
+                for _ in range(config.cpu_cycles):
+                    cycle()
+                client = time.process_time() - client_before
+                server_after = _server_cpu(pid)
+                server = (
+                    None if server_before is None or server_after is None
+                    else server_after - server_before
+                )
+                samples[name].append((
+                    client * 1e6 / config.cpu_cycles,
+                    None if server is None else server * 1e6 / config.cpu_cycles,
+                ))
+        results: dict[str, Any] = {
+            "cycles_per_block": config.cpu_cycles, "blocks": config.cpu_blocks, "layers": {},
+        }
+        if not readable:
+            results["server"] = "not read: the server's processes are not on this machine"
+        below: float | None = None
+        for name, rows in samples.items():
+            client_us = _median_of(row[0] for row in rows)
+            server_us = _median_of(row[1] for row in rows)
+            total = None if client_us is None or server_us is None else client_us + server_us
+            results["layers"][name] = {
+                "client_us": client_us, "server_us": server_us, "total_us": total,
+                # The rate this total implies at 8 clients, against the layer below.
+                "implied_x_below": (
+                    None if total is None or below is None or name == "raw_sql_floor"
+                    else round(below / total, 3)
+                ),
+            }
+            below = total
+        return results
+    finally:
+        admin.close()
+        # The locks client's settings scope: a forked client keeps it for life, this process not.
+        while len(_client_scopes) > scopes:
+            _client_scopes.pop().__exit__(None, None, None)
+
+
+def _backend_pids(admin: Any, application: str) -> set[int]:
+    rows = admin.execute(
+        "SELECT pid FROM pg_stat_activity WHERE application_name = %s AND pid <> pg_backend_pid()",
+        [application],
+    ).fetchall()
+    return {pid for (pid,) in rows}
+
+
+def _server_cpu(pid: int | None) -> float | None:
+    """Seconds of CPU the server process ``pid`` used so far (user + system), if
+    it runs on this machine and is PostgreSQL's."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            if b"postgres" not in cmdline.read():
+                return None
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _statements_view(admin: Any) -> str | dict[str, str]:
@@ -1639,6 +1742,26 @@ def table(results: dict[str, Any]) -> str:
                         f"  {row['exec_us_per_cycle']:>7.1f} us {row['wal_bytes_per_cycle']:>5} B "
                         f"{row['calls_per_cycle']:>5.2f}x  {indent}{row['statement'][:90]}"
                     )
+    cpu = results.get("cpu")
+    if cpu:
+        lines.append("")
+        if "skipped" in cpu:
+            lines.append(f"cpu per cycle: skipped ({cpu['skipped']})")
+        else:
+            lines.append(
+                f"CPU per cycle, one process over 64 keys ({cpu['blocks']} interleaved blocks of "
+                f"{cpu['cycles_per_block']}, medians)"
+                + (f"; server {cpu['server']}" if "server" in cpu else "")
+            )
+            lines.append(
+                f"{'layer':<20}{'client us':>10}{'server us':>10}{'total us':>10}"
+                f"{'implied x below':>17}"
+            )
+            for name, row in cpu["layers"].items():
+                lines.append(
+                    f"{name:<20}{_us(row['client_us']):>10}{_us(row['server_us']):>10}"
+                    f"{_us(row['total_us']):>10}{_ratio(row['implied_x_below']):>17}"
+                )
     fenced = results.get("fenced")
     if fenced:
         lines.append("")
@@ -1758,6 +1881,10 @@ def table(results: dict[str, Any]) -> str:
 
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
+
+
+def _us(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
 
 
 def _rate(value: float | None) -> str:

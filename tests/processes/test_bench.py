@@ -77,6 +77,16 @@ def test_quick_bench_writes_json_table_and_chart(tmp_path: Path) -> None:
         assert "layers, each x the one below" in done.stdout
     else:
         assert "app_functions" in cycles["skipped"]
+    # Each layer's CPU per cycle, the server's where it runs on this machine (the test's does).
+    cpu = results["cpu"]
+    if postgres:
+        assert list(cpu["layers"]) == ["raw_sql_floor", "floor_with_history", "app_functions", "locks"]
+        for name, row in cpu["layers"].items():
+            assert row["client_us"] > 0, name
+            assert "server" in cpu or row["server_us"] is not None, name
+        assert "CPU per cycle" in done.stdout
+    else:
+        assert "skipped" in cpu
     # Per statement where the server loads pg_stat_statements; else it says why not.
     statements = results["statements"]
     if "skipped" not in statements:

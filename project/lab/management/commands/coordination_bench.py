@@ -74,7 +74,8 @@ class Command(BaseCommand):
         )
         parser.add_argument("--skip-scale", action="store_true", help="skip the row-count runs")
         parser.add_argument(
-            "--only", choices=["cycles", "statements", "fenced", "scale", "wakeup", "fairness", "celery"],
+            "--only",
+            choices=["cycles", "cpu", "statements", "fenced", "scale", "wakeup", "fairness", "celery"],
             action="append",
             help="run only these parts (repeatable)",
         )
@@ -98,7 +99,7 @@ class Command(BaseCommand):
         config = self._config(options)
         parts = set(
             options["only"]
-            or ["cycles", "statements", "fenced", "scale", "wakeup", "fairness", "celery"]
+            or ["cycles", "cpu", "statements", "fenced", "scale", "wakeup", "fairness", "celery"]
         )
         vendor = connections[app_settings.DATABASE].vendor
         results: dict[str, Any] = {
@@ -118,6 +119,11 @@ class Command(BaseCommand):
         ):
             if "cycles" in parts:
                 results["cycles"] = benchmarks.cycle_suite(config, vendor, self._progress)
+            if "cpu" in parts:
+                results["cpu"] = (
+                    benchmarks.cpu_suite(config, alias, self._progress)
+                    if vendor == "postgresql" else {"skipped": "PostgreSQL only"}
+                )
             if "statements" in parts:
                 results["statements"] = (
                     benchmarks.statements_suite(config, alias, self._progress)
@@ -186,6 +192,7 @@ class Command(BaseCommand):
             config.fair_threads = 3
             config.celery_rounds = 20
             config.statement_cycles = 50
+            config.cpu_cycles, config.cpu_blocks = 50, 1
         return config
 
     def _progress(self, message: str) -> None:
