@@ -173,10 +173,16 @@ def acquire(
     lease_seconds, wait, delay = grant_timings(ttl, wait, lock_delay)
     backend = get_backend(using)
     started = time.monotonic()
-    acquired = wait_for_grant(
-        lambda ticket: backend.acquire(key, holder, lease_seconds, delay, ticket),
-        wait=wait, waiter=Waiter(backend, key, holder, fair=fair, wait=wait), key=key, using=using,
-    )
+    if wait == 0:
+        # One attempt, granted or refused: the wait loop would add nothing but its own cost.
+        with grant_point_call("acquire", key, using):
+            acquired = backend.acquire(key, holder, lease_seconds, delay, None)
+    else:
+        acquired = wait_for_grant(
+            lambda ticket: backend.acquire(key, holder, lease_seconds, delay, ticket),
+            wait=wait, waiter=Waiter(backend, key, holder, fair=fair, wait=wait), key=key,
+            using=using,
+        )
     lease = announce_grant(acquired, holder, time.monotonic() - started)
     if reentrant:
         _held_here()[(_alias(using), key)] = _Reentry(lease, _execution())
