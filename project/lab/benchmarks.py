@@ -872,6 +872,10 @@ def cpu_suite(config: BenchConfig, alias: str, progress: Callable[[str], None]) 
     admin = _connect(settings)
     application = settings.get("OPTIONS", {}).get("application_name", "")
     scopes = len(_client_scopes)
+    # As the forked clients run: the app's default level, no line per grant.
+    logs = logging.getLogger("coordination")
+    level = logs.level
+    logs.setLevel(logging.WARNING)
     try:
         cycles: dict[str, Operation] = {}
         server_pids: dict[str, int | None] = {}
@@ -930,6 +934,7 @@ def cpu_suite(config: BenchConfig, alias: str, progress: Callable[[str], None]) 
         return results
     finally:
         admin.close()
+        logs.setLevel(level)
         # The locks client's settings scope: a forked client keeps it for life, this process not.
         while len(_client_scopes) > scopes:
             _client_scopes.pop().__exit__(None, None, None)
