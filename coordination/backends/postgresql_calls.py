@@ -109,10 +109,16 @@ class PreparedCalls:
 
     @classmethod
     def of(cls, cursor: Any) -> PreparedCalls:
-        """The calls of ``cursor``'s connection (the cursor loads their rows)."""
+        """The calls of ``cursor``'s connection, their rows loaded as ``cursor`` loads
+        them. What the server has prepared belongs to the psycopg connection, which
+        outlives Django's connection objects in a pool: it is kept when the cursor
+        changes."""
         calls = cls._of.get(cursor.connection)
-        if calls is None or calls.cursor is not cursor:
+        if calls is None:
             calls = cls._of[cursor.connection] = cls(cursor)
+        elif calls.cursor is not cursor:
+            calls.cursor = cursor
+            calls.transformer = _Transformer.from_context(cursor)
         return calls
 
     def run(self, sql: str, params: Sequence[object]) -> tuple[Any, ...] | None:

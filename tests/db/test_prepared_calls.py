@@ -126,3 +126,23 @@ def test_a_direct_call_inside_a_transaction_belongs_to_it(fresh: None) -> None:
         ids = {calls.run(sql, (0,))[0] for _ in range(3)}
         assert len(ids) == 1  # one transaction: the caller's
         raise IntegrityError("roll back")
+
+
+@pytest.mark.skipif(not DIRECT, reason="this psycopg lacks the interfaces the direct calls use")
+def test_a_new_cursor_on_the_same_connection_keeps_its_prepared_calls(
+    fresh: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Django's pool hands the same psycopg connection to a new connection object,
+    # which gets a cursor of its own: the server still has the statements.
+    import psycopg
+
+    raw = connection.connection
+    sql = "SELECT %s::bigint * 2"
+    first = PreparedCalls.of(psycopg.Cursor(raw))
+    assert [first.run(sql, (n,)) for n in (1, 2)] == [(2,), (4,)]
+    again = PreparedCalls.of(psycopg.Cursor(raw))
+    assert again is first and sql in again.prepared
+    with caplog.at_level("WARNING"):
+        assert [again.run(sql, (n,)) for n in (3, 4)] == [(6,), (8,)]
+    assert not caplog.records
+    assert statement_name(sql).decode() in _server_statements()
