@@ -56,6 +56,17 @@ __all__ = [
 # The constraint names a refusal carries: which rule refused the UPDATE.
 NOT_LOWERED = "coordination_watermark_not_lowered"
 MUST_RISE = "coordination_watermark_must_rise"
+# A refusal's message where the trigger cannot format one from the row
+# (SQLite's RAISE takes a literal, MariaDB's SIGNAL a fixed string): it names
+# the table, and the ORM reads the row's watermark afterwards.
+NOT_LOWERED_MESSAGE = (
+    "{constraint}: UPDATE of {table} would lower the watermark ({columns}); "
+    "watermarks never go backwards (rule 8 of docs/rules.md)"
+)
+MUST_RISE_MESSAGE = (
+    "{constraint}: UPDATE of {table} leaves the watermark ({columns}) where it is; the table "
+    "is fenced strictly, so every UPDATE must raise it (fenced_update or fenced_save)"
+)
 # The tombstone triggers of a FencedModel table: the watermark of a deleted row
 # kept, and restored to a row inserted again with its primary key.
 KEPT = "coordination_watermark_kept"

@@ -38,7 +38,9 @@ from ..models import Lock
 from ..watermarks import (
     HIGHEST_STEP,
     KEPT,
+    MUST_RISE_MESSAGE,
     NOT_LOWERED,
+    NOT_LOWERED_MESSAGE,
     RESTORED,
     TOMBSTONES,
     Watermark,
@@ -48,7 +50,6 @@ from ..watermarks import (
 )
 from .base import IDLE_BOUND, GrantPoint, refuse_in_caller_transaction
 from .orm import OrmDialect, OrmGrantPoint
-from .sqlite import MUST_RISE_MESSAGE, NOT_LOWERED_MESSAGE
 
 __all__ = ["COLLATION", "MySQLDialect", "MySQLGrantPoint", "MySQLWatermarkTriggers"]
 

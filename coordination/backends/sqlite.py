@@ -21,7 +21,9 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from ..watermarks import (
     HIGHEST_STEP,
     KEPT,
+    MUST_RISE_MESSAGE,
     NOT_LOWERED,
+    NOT_LOWERED_MESSAGE,
     RESTORED,
     TOMBSTONES,
     Watermark,
@@ -56,14 +58,6 @@ class SQLiteGrantPoint(OrmGrantPoint):
 WATERMARK_TRIGGER = (
     "CREATE TRIGGER {name} BEFORE UPDATE{of} ON {table} FOR EACH ROW "
     "WHEN {condition} BEGIN SELECT RAISE(ABORT, {message}); END"
-)
-NOT_LOWERED_MESSAGE = (
-    "{constraint}: UPDATE of {table} would lower the watermark ({columns}); "
-    "watermarks never go backwards (rule 8 of docs/rules.md)"
-)
-MUST_RISE_MESSAGE = (
-    "{constraint}: UPDATE of {table} leaves the watermark ({columns}) where it is; the table "
-    "is fenced strictly, so every UPDATE must raise it (fenced_update or fenced_save)"
 )
 
 # SQLite cannot change the row a BEFORE INSERT trigger sees: the restored
