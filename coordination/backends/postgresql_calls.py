@@ -83,7 +83,7 @@ def text_values(params: Sequence[object], encoding: str) -> list[bytes | None] |
         elif kind is int:
             values.append(str(value).encode())
         elif kind is float:
-            values.append(repr(value).encode())  # round-trips; inf and nan spelled as PostgreSQL reads them
+            values.append(repr(value).encode())  # repr round-trips a float
         else:
             return None
     return values
@@ -156,10 +156,6 @@ class PreparedCalls:
         transformer = self.transformer
         transformer.set_pgresult(result)
         return transformer.load_row(0, tuple)
-
-    def forget(self) -> None:
-        """The server no longer has this connection's statements (a pooling proxy)."""
-        self.prepared.clear()
 
     def _check(self, results: list[Any]) -> Any:
         result = results[-1]

@@ -926,8 +926,7 @@ def cpu_suite(config: BenchConfig, alias: str, progress: Callable[[str], None]) 
                 "client_us": client_us, "server_us": server_us, "total_us": total,
                 # The rate this total implies at 8 clients, against the layer below.
                 "implied_x_below": (
-                    None if total is None or below is None or name == "raw_sql_floor"
-                    else round(below / total, 3)
+                    None if total is None or below is None else round(below / total, 3)
                 ),
             }
             below = total
