@@ -1,9 +1,12 @@
-"""The site's ASGI entry point (``uvicorn project.asgi:application``)."""
+"""The site's ASGI entry point (``uvicorn project.asgi:application``), behind the
+refusal of request charsets that are no text encoding (``coordination.charsets``)."""
 
 import os
 
 from django.core.asgi import get_asgi_application
 
+from coordination.charsets import guard_asgi
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
 
-application = get_asgi_application()
+application = guard_asgi(get_asgi_application())

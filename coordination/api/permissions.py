@@ -20,7 +20,9 @@ from rest_framework.settings import api_settings
 from rest_framework.throttling import AnonRateThrottle, UserRateThrottle
 from rest_framework.views import APIView
 
+from ..charsets import refusal_detail, undecodable_charset
 from ..conf import app_settings
+from .parsers import UnsupportedCharset
 
 
 class ActionPermission(BasePermission):
@@ -107,7 +109,24 @@ class AnonymousThrottle(AnonRateThrottle):
         return str(rate) if rate else None
 
 
-class ThrottledRefusals(APIView):
+class CharsetChecked(APIView):
+    """An API view that refuses, first of all, a charset Django cannot decode text with.
+
+    Content negotiation reads ``request.GET``, which Django decodes with the
+    request's charset: ``zlib`` or ``hex`` there would raise before any answer.
+    Such a request is ``415 unsupported_charset`` here, before authentication,
+    whether or not the site wraps its application in
+    :func:`~coordination.charsets.guard_wsgi`.
+    """
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        charset = undecodable_charset(request.META.get("CONTENT_TYPE", ""))
+        if charset is not None:
+            raise UnsupportedCharset(refusal_detail(charset))
+        super().initial(request, *args, **kwargs)
+
+
+class ThrottledRefusals(CharsetChecked):
     """An API view whose refused authentications spend the :class:`AnonymousThrottle`.
 
     DRF runs ``initial()``: content negotiation, authentication, permissions,

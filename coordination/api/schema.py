@@ -27,6 +27,7 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 
 from .. import __version__
+from ..charsets import UNSUPPORTED_CHARSET, refusal_detail, undecodable_charset
 from .exceptions import exception_handler
 from .permissions import ThrottledRefusals
 from .views import APIJSONRenderer
@@ -137,12 +138,17 @@ def docs_page(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
 
     Anonymous visitors are sent to the site's ``LOGIN_URL``, or to the admin's
     login page when the site kept Django's default (``/accounts/login/``, which a
-    new project does not serve). Without ``drf_spectacular_sidecar`` installed the
+    new project does not serve). A charset Django cannot decode text with is 415
+    ``unsupported_charset`` first. Without ``drf_spectacular_sidecar`` installed the
     page answers 404 and says what to install.
     """
 
     @wraps(view)
     def page(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        charset = undecodable_charset(request.META.get("CONTENT_TYPE", ""))
+        if charset is not None:  # before anything reads request.GET
+            body = {"code": UNSUPPORTED_CHARSET, "detail": refusal_detail(charset)}
+            return JsonResponse(body, status=415)
         if not apps.is_installed(DOCS_APP):
             detail = (
                 "The API docs pages serve their JavaScript and CSS from the drf_spectacular_sidecar "

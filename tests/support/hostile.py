@@ -6,6 +6,8 @@ request is counted, with its status, and a request that raised instead of
 answering (the test client re-raises a view's exception; a real server would
 have answered 500) counts as a 5xx. At the end of the module one summary line
 is printed, whatever pytest captures, and the module fails if any 5xx was seen.
+:func:`wsgi_request` sends a request through the site's own WSGI application
+instead (what a server runs, before Django builds the request) and counts it too.
 """
 
 from __future__ import annotations
@@ -14,6 +16,10 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+import io
+import sys
+from collections.abc import Iterable
 
 import pytest
 from django.test.client import Client
@@ -27,6 +33,11 @@ class Tally:
     requests: int = 0
     by_status: Counter[int] = field(default_factory=Counter)
     raised: int = 0
+
+    def record(self, status: int) -> None:
+        """Count one request sent some other way than the test client (a WSGI call)."""
+        self.requests += 1
+        self.by_status[status] += 1
 
     @property
     def server_errors(self) -> int:
@@ -69,3 +80,61 @@ def tally_requests(request: pytest.FixtureRequest) -> Iterator[Tally]:
             reporter.write_line("")
             reporter.write_line(tally.summary())
     assert tally.server_errors == 0, tally.summary()
+
+
+@dataclass
+class WSGIAnswer:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+
+def wsgi_request(
+    tally: Tally | None,
+    method: str,
+    path: str,
+    *,
+    query: str = "",
+    content_type: str = "",
+    body: bytes = b"",
+    headers: dict[str, str] | None = None,
+) -> WSGIAnswer:
+    """One request through ``project.wsgi.application``, as a server would send it."""
+    from project.wsgi import application
+
+    environ: dict[str, Any] = {
+        "REQUEST_METHOD": method.upper(), "PATH_INFO": path, "QUERY_STRING": query,
+        "SCRIPT_NAME": "", "SERVER_NAME": "127.0.0.1", "SERVER_PORT": "80",
+        "SERVER_PROTOCOL": "HTTP/1.1", "REMOTE_ADDR": "127.0.0.1", "HTTP_HOST": "127.0.0.1",
+        "wsgi.version": (1, 0), "wsgi.url_scheme": "http", "wsgi.input": io.BytesIO(body),
+        "wsgi.errors": sys.stderr, "wsgi.multithread": False, "wsgi.multiprocess": False,
+        "wsgi.run_once": False,
+    }
+    if content_type:
+        environ["CONTENT_TYPE"] = content_type
+    if body:
+        environ["CONTENT_LENGTH"] = str(len(body))
+    for name, value in (headers or {}).items():
+        environ["HTTP_" + name.upper().replace("-", "_")] = value
+    started: dict[str, Any] = {}
+
+    def start_response(status: str, response_headers: list[tuple[str, str]], exc_info: Any = None) -> None:
+        started["status"] = int(status.split(" ", 1)[0])
+        started["headers"] = dict(response_headers)
+
+    try:
+        chunks: Iterable[bytes] = application(environ, start_response)
+        try:
+            content = b"".join(chunks)
+        finally:
+            close = getattr(chunks, "close", None)
+            if close is not None:
+                close()
+    except Exception:  # a server would have answered 500
+        if tally is not None:
+            tally.requests += 1
+            tally.raised += 1
+        raise
+    if tally is not None:
+        tally.record(started["status"])
+    return WSGIAnswer(started["status"], started["headers"], content)
