@@ -11,19 +11,30 @@ never refused.
 The counts live in Django's default cache, keyed by the client address and by
 a hash of the user name as the login form authenticates it (NFKC-normalized,
 case-folded): several server processes count together only if that cache is
-shared (Redis, Memcached, the database cache). The client address is the one
+shared (Redis or Memcached).
+
+The count is exact under concurrency: each login POST takes one attempt from
+both counts with an atomic increment *before* its password is checked, and a
+POST that would take more than the limit is refused without a check, so at most
+``ADMIN_LOGIN_FAILURES`` passwords are checked per address and per name in a
+window however many requests arrive at once. An attempt that did not end in a
+failed check (a success, a refusal) is given back. That needs a cache whose
+``incr`` is atomic: local memory (one process), Redis, Memcached; Django's
+database cache reads and writes instead, and lets a burst through. The client address is the one
 the REST API's throttles use (``coordination.api.permissions.client_address``):
 ``REMOTE_ADDR``, or with ``REST_FRAMEWORK["NUM_PROXIES"]`` (the site's
 ``DJANGO_NUM_PROXIES``) the address the trusted proxies put in
 ``X-Forwarded-For``. Behind a proxy without that setting every client shares
 the proxy's address, so the address count throttles everyone at once.
 
-django-axes does this too, with lockout records in the database; it does not
-declare support for Django 6.1 yet, so the site keeps this small view instead.
+django-axes does this too, with lockout records in the database, but it counts a
+failure after the password check, and lets a burst of parallel requests through
+(its issue #592, "known issue, won't fix"), so the site keeps this small view.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import time
 from typing import Any
@@ -60,25 +71,52 @@ def login_name(username: str) -> str:
     return get_user_model().normalize_username(username.strip()).strip().casefold()
 
 
-def _retry_after(keys: list[str]) -> int | None:
-    """Seconds until the login may be tried again, or None if it may be now."""
-    limit = int(settings.ADMIN_LOGIN_FAILURES)
-    now = time.time()
-    waits = [
-        int(entry[1] - now) + 1
-        for entry in cache.get_many(keys).values()
-        if isinstance(entry, tuple) and entry[0] >= limit and entry[1] > now
-    ]
-    return max(waits) if waits else None
+def _limit() -> int:
+    return int(settings.ADMIN_LOGIN_FAILURES)
 
 
-def _count_failure(keys: list[str]) -> None:
+def _take(key: str) -> tuple[int, int]:
+    """Take one attempt from the count ``key``: (the count now, seconds left in its window).
+
+    The window opens with the count's first attempt and is kept beside it
+    (``<key>:until``), since an increment keeps the entry's expiry but does not say
+    it. ``add`` then ``incr`` is atomic in caches that increment atomically
+    (local memory, Redis, Memcached).
+    """
     window = int(settings.ADMIN_LOGIN_WINDOW)
     now = time.time()
+    cache.add(f"{key}:until", now + window, timeout=window)
+    until = cache.get(f"{key}:until") or now + window
+    left = max(1, int(until - now) + 1)
+    cache.add(key, 0, timeout=left)
+    try:
+        return cache.incr(key), left
+    except ValueError:  # the window ended between the add and the increment
+        cache.add(key, 0, timeout=window)
+        return cache.incr(key), window
+
+
+def _give_back(key: str) -> None:
+    """Return an attempt taken from ``key`` that was not a failed password check."""
+    with contextlib.suppress(ValueError):  # its window ended meanwhile
+        cache.decr(key)
+
+
+def _reserve(keys: list[str]) -> int | None:
+    """Take one attempt from every count of ``keys``, before the password is checked.
+
+    None when each count is within the limit; otherwise every attempt taken is
+    given back and the answer is the seconds until the spent count's window ends.
+    """
+    taken: list[str] = []
     for key in keys:
-        # (failures, end of the window opened by the first of them)
-        count, until = cache.get(key) or (0, now + window)
-        cache.set(key, (count + 1, until), timeout=max(1, int(until - now) + 1))
+        count, left = _take(key)
+        taken.append(key)
+        if count > _limit():
+            for spent in taken:
+                _give_back(spent)
+            return left
+    return None
 
 
 @csrf_protect
@@ -88,7 +126,7 @@ def admin_login(request: HttpRequest, extra_context: dict[str, Any] | None = Non
     if request.method != "POST":
         return admin.site.login(request, extra_context)
     keys = failure_keys(request, str(request.POST.get("username", "")))
-    wait = _retry_after(keys)
+    wait = _reserve(keys)
     if wait is not None:
         response = HttpResponse(
             f"Too many failed logins. Try again in {wait} seconds.\n",
@@ -99,7 +137,11 @@ def admin_login(request: HttpRequest, extra_context: dict[str, Any] | None = Non
     response = admin.site.login(request, extra_context)
     if response.status_code == 200:
         # The form again: wrong credentials, or a user who may not use the admin.
-        _count_failure(keys)
-    elif request.user.is_authenticated:
-        cache.delete(keys[1])
+        # The attempts taken stay taken: they are the failures counted.
+        return response
+    _give_back(keys[0])
+    if request.user.is_authenticated:
+        cache.delete_many([keys[1], f"{keys[1]}:until"])
+    else:
+        _give_back(keys[1])
     return response
