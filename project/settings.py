@@ -170,8 +170,18 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"debug_off": {"()": "django.utils.log.RequireDebugFalse"}},
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "plain"},
+        # Django's own console handler prints django.request only with DEBUG on.
+        "errors": {
+            "class": "logging.StreamHandler", "formatter": "plain", "level": "ERROR",
+            "filters": ["debug_off"],
+        },
+    },
     "loggers": {
+        # Every 500 (Django's, and the API's JSON server_error) with its traceback.
+        "django.request": {"handlers": ["errors"], "level": "ERROR"},
         "coordination": {
             "handlers": ["console"],
             "level": os.environ.get("COORDINATION_LOG_LEVEL", "INFO"),
