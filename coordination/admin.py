@@ -135,6 +135,33 @@ class _CarriedWatermark(forms.Form):
         return token, step
 
 
+class _UniqueWithinRules(forms.ModelForm):  # type: ignore[type-arg]
+    """A model form whose unique check tells a user limited by access rules nothing
+    of the rows they may not read: a clash with one is 403, as a write their rules
+    refuse, never "... with this name already exists"."""
+
+    readable: Any = None  # the rows the user may read (the admin's queryset)
+
+    def validate_unique(self) -> None:
+        # The fields to check, before the check's own errors exclude them.
+        exclude = self._get_validation_exclusions()  # type: ignore[attr-defined]
+        super().validate_unique()
+        if self.readable is None or not self.errors:
+            return
+        instance = self.instance
+        model = type(instance)
+        checks, _ = instance._get_unique_checks(exclude=exclude)
+        for owner, fields in checks:
+            values = {name: getattr(instance, owner._meta.get_field(name).attname) for name in fields}
+            if any(value is None for value in values.values()):
+                continue
+            clashing = model._default_manager.filter(**values)
+            if instance.pk is not None:
+                clashing = clashing.exclude(pk=instance.pk)
+            if clashing.exclude(pk__in=self.readable.values("pk")).exists():
+                raise PermissionDenied
+
+
 class FencedModelAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     """Admin for a user's :class:`~coordination.fencing.FencedModel`: a write the
     fences refuse is shown as an error message, not a server error.
@@ -152,7 +179,9 @@ class FencedModelAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     Access rules apply as on the app's own pages: a user limited by rules sees
     the rows whose lock key (``fence_lock``) their rules let them read, and
-    changes or deletes only those they may also write with.
+    changes or deletes only those they may also write with. A value of a unique
+    field that a row they may not read holds is refused with 403, not "already
+    exists" (a clash with a row they may read is the form's error, as usual).
     """
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
@@ -187,9 +216,9 @@ class FencedModelAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         if kwargs.get("fields"):
             kwargs["fields"] = [name for name in kwargs["fields"] if name != WATERMARK_FIELD]
         form = super().get_form(request, obj, change=change, **kwargs)
-        if obj is None:
-            return form
-        return type(form.__name__, (_CarriedWatermark, form), {})
+        readable = self.get_queryset(request) if access.for_request(request).limited else None
+        bases = (_UniqueWithinRules, form) if obj is None else (_CarriedWatermark, _UniqueWithinRules, form)
+        return type(form.__name__, bases, {"readable": readable})
 
     def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
         carried = form.cleaned_data.get(WATERMARK_FIELD) if change else None
@@ -1195,9 +1224,22 @@ def _duration(seconds: float) -> str:
 
 
 class JobPolicyForm(forms.ModelForm):  # type: ignore[type-arg]
+    """A policy's fields; :attr:`rules` are the editing user's access rules."""
+
+    rules: access.Access | None = None
+
     class Meta:
         model = JobPolicy
         fields = ["task", "paused", "when_paused", "defer_seconds", "max_running", "ttl", "on_busy", "note"]
+
+    def clean_task(self) -> str:
+        task = str(self.cleaned_data.get("task", ""))
+        # Before the unique check: "already exists" would tell a user limited by
+        # access rules that a task they may not see has a policy. A name they may
+        # not steer is refused as a new one would be, whether or not it is taken.
+        if self.rules is not None and not self.rules.allows("revoke", jobs.permit_name(task)):
+            raise PermissionDenied
+        return task
 
     def clean_ttl(self) -> float | None:
         ttl = self.cleaned_data.get("ttl")
@@ -1252,6 +1294,12 @@ class JobPolicyAdmin(OperatorActionsMixin, admin.ModelAdmin):  # type: ignore[ty
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return super().has_delete_permission(request, obj) and self._steerable(request, obj)
+
+    def get_form(
+        self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
+    ) -> type[forms.ModelForm]:  # type: ignore[type-arg]
+        form = super().get_form(request, obj, change, **kwargs)
+        return type(form.__name__, (form,), {"rules": access.for_request(request)})
 
     def has_pause_permission(self, request: HttpRequest) -> bool:
         return _has_perm(request, "pause_jobpolicy")

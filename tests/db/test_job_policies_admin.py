@@ -240,3 +240,64 @@ def test_deferred_and_skipped_counts_add_up_per_task() -> None:
     jobs.tally("a.task", "skipped")
     counts = dict(JobTally.objects.filter(task="a.task").values_list("outcome", "count"))
     assert counts == {"deferred": 3, "skipped": 1}
+
+
+# --- what a limited user learns of the policies they may not see -------------------------
+
+ADD = "admin:coordination_jobpolicy_add"
+FORM = {"when_paused": "defer", "defer_seconds": "10", "_save": "Save"}
+
+
+def test_adding_a_policy_named_like_another_tenants_answers_as_for_a_free_name() -> None:
+    saved("tenant-b.tasks.settle")
+    client = staff(*POLICY_PERMISSIONS, rules=("task:tenant-a.*",))
+
+    taken = client.post(reverse(ADD), {**FORM, "task": "tenant-b.tasks.settle"})
+    free = client.post(reverse(ADD), {**FORM, "task": "tenant-b.tasks.unused"})
+
+    assert taken.status_code == free.status_code == 403
+    assert b"already exists" not in taken.content
+    assert JobPolicy.objects.filter(task__startswith="tenant-b").count() == 1
+
+
+def test_renaming_a_policy_to_another_tenants_name_answers_as_for_a_free_name() -> None:
+    mine = saved("tenant-a.tasks.sync")
+    saved("tenant-b.tasks.settle")
+    client = staff(*POLICY_PERMISSIONS, rules=("task:tenant-a.*",))
+    change = reverse("admin:coordination_jobpolicy_change", args=[mine.pk])
+
+    taken = client.post(change, {**FORM, "task": "tenant-b.tasks.settle"})
+    free = client.post(change, {**FORM, "task": "tenant-b.tasks.unused"})
+
+    assert taken.status_code == free.status_code == 403
+    assert b"View job policy" not in taken.content and b"already exists" not in taken.content
+    assert JobPolicy.objects.get(pk=mine.pk).task == "tenant-a.tasks.sync"
+
+
+def test_a_name_the_user_may_steer_still_gets_the_forms_own_errors() -> None:
+    saved("tenant-a.tasks.sync")
+    client = staff(*POLICY_PERMISSIONS, rules=("task:tenant-a.*",))
+    answer = client.post(reverse(ADD), {**FORM, "task": "tenant-a.tasks.sync"})
+    assert answer.status_code == 200 and b"already exists" in answer.content
+
+
+def test_a_unique_clash_with_a_row_the_user_may_not_read_is_403_in_a_fenced_admin_form() -> None:
+    # The mechanism FencedModelAdmin adds to the forms of users' models.
+    from django import forms as django_forms
+    from django.core.exceptions import PermissionDenied
+
+    from coordination.admin import _UniqueWithinRules
+
+    saved("tenant-b.tasks.settle")
+    form_class = type("PolicyForm", (_UniqueWithinRules, django_forms.ModelForm), {
+        "Meta": type("Meta", (), {"model": JobPolicy, "fields": ["task", "when_paused", "defer_seconds"]}),
+    })
+    data = {"task": "tenant-b.tasks.settle", "when_paused": "defer", "defer_seconds": "10"}
+
+    hidden = form_class(data)
+    hidden.readable = JobPolicy.objects.none()
+    with pytest.raises(PermissionDenied):
+        hidden.is_valid()
+    shown = form_class(data)
+    shown.readable = JobPolicy.objects.all()
+    assert not shown.is_valid() and "already exists" in str(shown.errors)
