@@ -786,8 +786,9 @@ def build_jobs(*, shown: Shown = Shown(), may_steer: Any = None, limit: int = 20
         recent = shown.keys(
             Rejection.objects.using(alias).filter(created_at__gte=now - DAY), "lock_key"
         )
-        for holder in recent.filter(holder__contains="]#").values_list("holder", flat=True):
-            name = holder.partition("[")[0]
+        # A refusal is a task's when its token is a recorded execution's grant.
+        tasks = jobs.executions_of(recent).filter(execution_task__isnull=False)
+        for name in tasks.values_list("execution_task", flat=True):
             refused[name] = refused.get(name, 0) + 1
     rows = []
     for name in names:

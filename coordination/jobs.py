@@ -32,14 +32,13 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import F
+from django.db.models import F, OuterRef, Subquery
 
 from . import locks
 from .conf import app_settings
@@ -47,6 +46,7 @@ from .logfields import LogFields
 from .models import (
     TASK_PATTERN_WILDCARD,
     DatabaseNow,
+    Execution,
     Grant,
     JobOutcome,
     JobPolicy,
@@ -55,14 +55,12 @@ from .models import (
 )
 
 __all__ = [
-    "Policy", "Running", "clear_cache", "pause", "permit_name", "policy_for", "resume",
-    "running", "tally",
+    "Policy", "Running", "clear_cache", "executions_of", "pause", "permit_name", "policy_for",
+    "record_execution", "resume", "running", "tally",
 ]
 
 logger = logging.getLogger("coordination.tasks")
 
-# holder_name() of coordination.contrib.execution: "<task>[<id>]#<attempt> on <host>:<pid>".
-HOLDER = re.compile(r"(?P<task>[^\[]+)\[(?P<id>[^\]]*)\]#(?P<attempt>\d+) on (?P<worker>.*)")
 
 
 @dataclass(frozen=True)
@@ -171,7 +169,7 @@ def tally(task: str, outcome: JobOutcome | str, *, using: str | None = None) -> 
 
 @dataclass(frozen=True)
 class Running:
-    """One execution of a task running now: its key's live grant (and permit)."""
+    """One execution of a task running now: its recorded start and its live grant."""
 
     task: str
     key: str
@@ -184,38 +182,69 @@ class Running:
     permit: str = ""
 
 
+def record_execution(
+    task: str,
+    grant: Any,
+    *,
+    task_id: str | None,
+    attempt: int,
+    worker: str,
+    permit: Any = None,
+    using: str | None = None,
+) -> None:
+    """Record that an execution of ``task`` started under ``grant`` (and ``permit``):
+    one INSERT. Never raises: a failure is logged, and the execution only goes
+    unseen on the jobs page."""
+    alias = using or app_settings.DATABASE
+    try:
+        Execution.objects.using(alias).create(
+            task=task[:255], task_id=(task_id or "")[:255], attempt=attempt, worker=worker[:200],
+            lock_key=grant.key, token=grant.token,
+            permit_key=permit.key if permit is not None else "",
+            permit_token=permit.token if permit is not None else None,
+        )
+    except Exception as error:
+        logger.warning(
+            "execution not recorded %s", LogFields(task=task, key=grant.key, token=grant.token, error=error)
+        )
+
+
+def executions_of(rows: Any, key: str = "lock_key", token: str = "token") -> Any:
+    """``rows`` (a queryset with a lock key and a token) annotated with ``execution_task``:
+    the task of the execution recorded under that grant, or None."""
+    recorded = Execution.objects.filter(lock_key=OuterRef(key), token=OuterRef(token))
+    return rows.annotate(execution_task=Subquery(recorded.values("task")[:1]))
+
+
 def running(task: str | None = None, *, using: str | None = None) -> list[Running]:
-    """The executions running now (live grants by the database clock) of ``task``,
-    or of every fenced task, told by their holder names (``<task>[<id>]#<n> on
-    <worker>``); oldest first."""
-    grants = Grant.objects.using(using or app_settings.DATABASE).live().select_related("lock")
+    """The executions running now of ``task``, or of every fenced task: those the
+    tasks recorded (:func:`record_execution`) whose grant is live by the database
+    clock; oldest first. A lock taken any other way is no task's execution,
+    whatever its holder is called."""
+    alias = using or app_settings.DATABASE
+    recorded = Execution.objects.using(alias).filter(
+        lock_key=OuterRef("lock__key"), token=OuterRef("token")
+    )
     if task is not None:
-        grants = grants.filter(holder__startswith=f"{task}[")
-    else:
-        grants = grants.filter(holder__contains="]#")
-    found: dict[str, dict[str, Any]] = {}
-    for grant in grants.order_by("acquired_at", "id"):
-        match = HOLDER.fullmatch(grant.holder)
-        if match is None:
-            continue
-        name = match["task"]
-        entry = found.setdefault(grant.holder, {"task": name, "match": match})
-        if grant.lock.key.startswith(permit_name(name) + "@"):
-            entry["permit"] = grant.lock.key
-        else:
-            entry["grant"] = grant
-    result = []
-    for holder, entry in found.items():
-        if "grant" not in entry:
-            continue
-        row: Grant = entry["grant"]
-        match = entry["match"]
-        result.append(Running(
-            task=entry["task"], key=row.lock.key, token=row.token, holder=holder,
-            worker=match["worker"], task_id=match["id"], since=row.acquired_at,
-            expires_at=row.expires_at, permit=entry.get("permit", ""),
-        ))
-    return result
+        recorded = recorded.filter(task=task)
+    rows = list(
+        Grant.objects.using(alias).live()
+        .annotate(execution=Subquery(recorded.values("pk")[:1]))
+        .filter(execution__isnull=False)
+        .order_by("acquired_at", "id")
+        .values_list("lock__key", "token", "holder", "acquired_at", "expires_at", "execution")
+    )
+    executions = Execution.objects.using(alias).in_bulk([row[-1] for row in rows])
+    found = []
+    for key, token, holder, since, expires_at, pk in rows:
+        execution = executions.get(pk)
+        if execution is not None:
+            found.append(Running(
+                task=execution.task, key=key, token=token, holder=holder,
+                worker=execution.worker, task_id=execution.task_id, since=since,
+                expires_at=expires_at, permit=execution.permit_key,
+            ))
+    return found
 
 
 def pause(

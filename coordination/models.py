@@ -977,3 +977,34 @@ class JobTally(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task} {self.outcome}: {self.count}"
+
+
+class Execution(models.Model):
+    """One execution of a fenced task, recorded by the task itself when its grant
+    was taken: which task, which message and attempt, which worker, under which
+    grant (and permit). What the jobs page calls running comes from these rows
+    and the grant's lease, never from a holder name a client may choose.
+
+    Written once per execution, right after its acquire (never raising: a task
+    is not failed over its bookkeeping), and pruned with the grant history.
+    """
+
+    task = models.CharField(max_length=255)
+    task_id = models.CharField(max_length=255, blank=True, default="")
+    attempt = models.PositiveIntegerField(default=1)
+    worker = models.CharField(max_length=HOLDER_MAX_LENGTH, blank=True, default="")
+    lock_key = models.CharField(max_length=KEY_MAX_LENGTH)
+    token = models.BigIntegerField()
+    permit_key = models.CharField(max_length=KEY_MAX_LENGTH, blank=True, default="")
+    permit_token = models.BigIntegerField(null=True, blank=True)
+    started_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        ordering = ["started_at", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["lock_key", "token"], name="coordination_execution_grant"),
+        ]
+        indexes = [models.Index(fields=["started_at"], name="coordination_execution_started")]
+
+    def __str__(self) -> str:
+        return f"{self.task}[{self.task_id}]#{self.attempt} under {self.lock_key} token {self.token}"

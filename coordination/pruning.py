@@ -1,8 +1,9 @@
 """Pruning: delete old history, and lock rows unused for long, never letting a token repeat.
 
 What goes: ended grants (except each lock's latest grant, whose token is the
-lock's counter), rejections, idempotency records and accepted-write records
-older than a cutoff measured on the database clock; and the Lock rows of keys
+lock's counter), rejections, idempotency records, accepted-write records and
+the records of fenced tasks' executions (never one whose lease is live) older
+than a cutoff measured on the database clock; and the Lock rows of keys
 free and unused for ``COORDINATION["PRUNE_LOCKS_AFTER"]`` seconds (and at
 least the cutoff), with what is left of their grant history. What stays,
 always: Fence rows (their watermarks are what refuse old tokens), every lock
@@ -46,6 +47,7 @@ from .models import (
     MAX_TOKEN,
     AcceptedWrite,
     DatabaseNow,
+    Execution,
     Grant,
     IdempotencyRecord,
     Lock,
@@ -95,6 +97,10 @@ def targets() -> list[PruneTarget]:
         PruneTarget("rejections", Rejection, lambda cutoff: Q(created_at__lt=cutoff)),
         PruneTarget("idempotency records", IdempotencyRecord, lambda cutoff: Q(created_at__lt=cutoff)),
         PruneTarget("accepted writes", AcceptedWrite, lambda cutoff: Q(created_at__lt=cutoff)),
+        # An execution's record goes with its grant's history, never while it runs.
+        PruneTarget("executions", Execution, lambda cutoff: Q(started_at__lt=cutoff) & ~Q(Exists(
+            Grant.objects.live().filter(lock__key=OuterRef("lock_key"), token=OuterRef("token"))
+        ))),
     ]
 
 

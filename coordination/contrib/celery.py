@@ -142,6 +142,8 @@ class FencedTask(Task):  # type: ignore[type-arg]  # the body's signature is not
             label=f"{self.name}[{request.id}]",
             concurrency=self.fenced_concurrency,
             name=self.name,
+            task_id=request.id,
+            attempt=request.retries + 1,
         )
         body: Callable[[], Any] = lambda: self.run(*args, **kwargs)  # noqa: E731
         if self.fenced_once_per_slot:

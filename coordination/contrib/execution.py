@@ -173,6 +173,8 @@ class _ExecutionOptions(TypedDict, total=False):
     label: str | None
     concurrency: int | None
     name: str | None
+    task_id: str | None
+    attempt: int
 
 
 class _Execution:
@@ -192,6 +194,8 @@ class _Execution:
         label: str | None = None,
         concurrency: int | None = None,
         name: str | None = None,
+        task_id: str | None = None,
+        attempt: int = 1,
     ) -> None:
         if concurrency is not None:
             permit_keys(key, concurrency)  # InvalidInput for a bad limit, before any grant
@@ -206,6 +210,9 @@ class _Execution:
         self.concurrency = concurrency
         #: The task's name, which its job policy is looked up by (None: no policy).
         self.name = name
+        #: The message's id and attempt, recorded with the execution's grant.
+        self.task_id = task_id
+        self.attempt = attempt
         self.policy: jobs.Policy | None = None
         #: With a policy's ``max_running``: the cap and the execution's permit.
         self.max_running: int | None = None
@@ -259,6 +266,15 @@ class _Execution:
     def _tally(self, outcome: JobOutcome) -> None:
         if self.name is not None:
             jobs.tally(self.name, outcome, using=self.using)
+
+    def _record(self) -> None:
+        """Record the execution under its grant (and permit): the jobs page's running
+        executions are these records, never a holder name any client may choose."""
+        if self.name is not None and self.grant is not None:
+            jobs.record_execution(
+                self.name, self.grant, task_id=self.task_id, attempt=self.attempt,
+                worker=f"{socket.gethostname()}:{os.getpid()}", permit=self.permit, using=self.using,
+            )
 
 
 class FencedExecution(_Execution):
@@ -319,6 +335,7 @@ class FencedExecution(_Execution):
                 release_quietly(grant, using=self.using)
                 raise
         self.grant = grant
+        self._record()
         return grant
 
     def __enter__(self) -> Lease:
@@ -511,6 +528,7 @@ class AsyncFencedExecution(_Execution):
             if on_busy == "skip":
                 return await aio.run_sync(self._skip_busy, held, sender)
             raise
+        await aio.run_sync(self._record)
         leases = [grant] if self.permit is None else [grant, self.permit]
         keepers = [
             AsyncKeepAlive(lease, ttl=self.ttl, using=self.using).start() for lease in leases

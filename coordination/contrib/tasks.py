@@ -101,7 +101,7 @@ def fenced(
             return kind(
                 key, holder=holder_name(name, task_id, attempt), ttl=ttl, wait=wait,
                 keepalive=keepalive, using=using, task=func, label=f"{func.__qualname__}[{task_id}]",
-                name=name,
+                name=name, task_id=task_id, attempt=attempt,
             )
 
         def deferrer(

@@ -28,6 +28,9 @@ def test_the_jobs_page_shows_executions_and_pauses_resumes_and_revokes(
     holder = f"{TASK}[c0ffee]#1 on worker-7:4242"
     grant = locks.acquire("report:eu", holder=holder, ttl=120)
     permit = acquire_permit(jobs.permit_name(TASK), limit=2, holder=holder, ttl=120)
+    jobs.record_execution(  # what the task's decorator records as it starts
+        TASK, grant, task_id="c0ffee", attempt=1, worker="worker-7:4242", permit=permit
+    )
     jobs.tally(TASK, "deferred")
     jobs.tally(TASK, "deferred")
     log_in(page, live_server.url)

@@ -13,7 +13,16 @@ from django.test import Client
 from django.urls import reverse
 
 from coordination import jobs, locks
-from coordination.models import AccessRule, Grant, GrantEnd, JobPolicy, JobPolicyChange, JobTally
+from coordination.dashboard import build_jobs
+from coordination.models import (
+    AccessRule,
+    Grant,
+    GrantEnd,
+    JobPolicy,
+    JobPolicyChange,
+    JobTally,
+    Rejection,
+)
 from coordination.semaphores import acquire_permit
 from tests.support.api_support import client_for, make_user
 
@@ -53,6 +62,7 @@ def running_execution(task: str, key: str, *, cap: int = 2) -> tuple[Any, Any]:
     holder = f"{task}[id-1]#1 on worker-host:4242"
     grant = locks.acquire(key, holder=holder, ttl=60)
     permit = acquire_permit(jobs.permit_name(task), limit=cap, holder=holder, ttl=60)
+    jobs.record_execution(task, grant, task_id="id-1", attempt=1, worker="worker-host:4242", permit=permit)
     return grant, permit
 
 
@@ -301,3 +311,38 @@ def test_a_unique_clash_with_a_row_the_user_may_not_read_is_403_in_a_fenced_admi
     shown = form_class(data)
     shown.readable = JobPolicy.objects.all()
     assert not shown.is_valid() and "already exists" in str(shown.errors)
+
+
+# --- what runs now comes from what the tasks recorded ------------------------------------
+
+SPOOF = "tenant-b.tasks.settle[fake-1]#1 on b-host-17:999"
+
+
+def test_a_lock_taken_over_rest_with_a_task_like_holder_is_no_tasks_execution(
+    admin_client: Client,
+) -> None:
+    saved("tenant-b.tasks.settle")
+    api = client_for(make_user("acquire_lock"))
+    taken = api.post("/api/locks/tenant-a:spoof/acquire", {"holder": SPOOF, "ttl": 60}, format="json")
+    assert taken.status_code == 201
+    Rejection.objects.create(
+        resource="doc", lock_key="tenant-a:spoof", token=taken.json()["token"],
+        reason="stale_token", holder=SPOOF,
+    )
+
+    assert jobs.running() == [] and jobs.running("tenant-b.tasks.settle") == []
+    page = admin_client.get(reverse(JOBS)).content.decode()
+    assert "b-host-17" not in page and "fake-1" not in page
+    [row] = [row for row in build_jobs().rows if row.task == "tenant-b.tasks.settle"]
+    assert row.running == [] and row.refused == 0
+
+
+def test_a_recorded_execution_is_running_until_its_lease_ends(admin_client: Client) -> None:
+    grant, permit = running_execution("tenant-b.tasks.settle", "tenant-b:7")
+    [running] = jobs.running("tenant-b.tasks.settle")
+    assert (running.key, running.token, running.worker, running.permit) == (
+        "tenant-b:7", grant.token, "worker-host:4242", permit.key
+    )
+    assert "worker-host:4242" in admin_client.get(reverse(JOBS)).content.decode()
+    locks.release(grant)
+    assert jobs.running("tenant-b.tasks.settle") == []

@@ -92,7 +92,7 @@ def test_prune_keeps_recent_history() -> None:
     assert (Grant.objects.count(), Rejection.objects.count(), IdempotencyRecord.objects.count()) == (
         3, 1, 1,
     )
-    assert "Deleted 0 grants, 0 rejections, 0 idempotency records, 0 accepted writes, 0 locks" in out
+    assert "Deleted 0 grants, 0 rejections, 0 idempotency records, 0 accepted writes, 0 executions, 0 locks" in out
 
 
 def test_prune_deletes_old_rejections_idempotency_records_and_accepted_writes() -> None:
@@ -245,7 +245,7 @@ def test_lock_pruning_goes_in_batches_and_dry_run_counts() -> None:
         unused_since(f"old:{number}")
     ended_grants("new", 1)
 
-    assert "Would delete 0 grants, 0 rejections, 0 idempotency records, 0 accepted writes, 5 locks" in prune(
+    assert "Would delete 0 grants, 0 rejections, 0 idempotency records, 0 accepted writes, 0 executions, 5 locks" in prune(
         "--older-than", "30d", "--dry-run"
     )
     assert Lock.objects.count() == 6
@@ -315,3 +315,20 @@ def test_other_ages_are_a_clear_error(text: str) -> None:
 def test_batch_size_below_one_is_an_error() -> None:
     with pytest.raises(CommandError, match="batch size"):
         prune("--older-than", "1d", "--batch-size", "0")
+
+
+def test_executions_go_with_their_grants_history_never_while_their_lease_is_live() -> None:
+    from coordination import jobs
+    from coordination.models import Execution
+
+    ended = locks.acquire("job:done", holder="w", ttl=60)
+    jobs.record_execution("app.tasks.done", ended, task_id="1", attempt=1, worker="h:1")
+    locks.release(ended)
+    live = locks.acquire("job:running", holder="w", ttl=600)
+    jobs.record_execution("app.tasks.long", live, task_id="2", attempt=1, worker="h:1")
+    Execution.objects.update(started_at=locks.database_now() - dt.timedelta(days=40))
+
+    out = prune("--older-than", "30d")
+
+    assert "1 executions" in out
+    assert list(Execution.objects.values_list("task", flat=True)) == ["app.tasks.long"]

@@ -12,14 +12,12 @@ instead (what a server runs, before Django builds the request) and counts it too
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import Any
-
 import io
 import sys
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 from django.test.client import Client

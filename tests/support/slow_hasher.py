@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+
 from django.contrib.auth.hashers import MD5PasswordHasher
 
 _lock = threading.Lock()
