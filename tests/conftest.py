@@ -44,6 +44,7 @@ from django.db import connection
 
 from coordination.backends import get_backend
 
+from .support import hostile
 from .support.legs import LEGS, POSTGRES_ONLY, current_leg, expected_skip, leg_only, services_required
 from .support.skip_budget import SkipBudget
 from .support.waiting import run_in_threads
@@ -88,6 +89,12 @@ def _kind(item: pytest.Item) -> str:
     except ValueError:  # pragma: no cover - a test outside tests/
         return ""
     return parts[0] if len(parts) > 1 and parts[0] in KINDS else ""
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    line = hostile.session_summary()
+    if line is not None:
+        terminalreporter.write_line(line)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

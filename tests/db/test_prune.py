@@ -92,7 +92,10 @@ def test_prune_keeps_recent_history() -> None:
     assert (Grant.objects.count(), Rejection.objects.count(), IdempotencyRecord.objects.count()) == (
         3, 1, 1,
     )
-    assert "Deleted 0 grants, 0 rejections, 0 idempotency records, 0 accepted writes, 0 executions, 0 locks" in out
+    assert (
+        "Deleted 0 grants, 0 rejections, 0 idempotency records, 0 accepted writes, 0 executions, 0 locks"
+        in out
+    )
 
 
 def test_prune_deletes_old_rejections_idempotency_records_and_accepted_writes() -> None:
@@ -245,8 +248,9 @@ def test_lock_pruning_goes_in_batches_and_dry_run_counts() -> None:
         unused_since(f"old:{number}")
     ended_grants("new", 1)
 
-    assert "Would delete 0 grants, 0 rejections, 0 idempotency records, 0 accepted writes, 0 executions, 5 locks" in prune(
-        "--older-than", "30d", "--dry-run"
+    assert (
+        "Would delete 0 grants, 0 rejections, 0 idempotency records, 0 accepted writes, 0 executions, 5 locks"
+        in prune("--older-than", "30d", "--dry-run")
     )
     assert Lock.objects.count() == 6
 

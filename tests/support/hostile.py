@@ -52,10 +52,24 @@ class Tally:
         )
 
 
+#: Every module's tally of this session, for the run's total (tests/conftest.py).
+SESSION: list[Tally] = []
+
+
+def session_summary() -> str | None:
+    """One line: the hostile requests of every suite that ran, and the 5xx among them."""
+    if not SESSION:
+        return None
+    requests = sum(tally.requests for tally in SESSION)
+    errors = sum(tally.server_errors for tally in SESSION)
+    return f"hostile inputs, all {len(SESSION)} suites: {requests} requests; 5xx seen: {errors}"
+
+
 @pytest.fixture(scope="module")
 def tally_requests(request: pytest.FixtureRequest) -> Iterator[Tally]:
     """Count every test-client request of the module; print the summary, fail on any 5xx."""
     tally = Tally(request.module.__name__.rsplit(".", 1)[-1])
+    SESSION.append(tally)
     original = Client.request
 
     def counted(self: Client, **kwargs: Any) -> Any:
