@@ -23,16 +23,10 @@ the audited way to save stale instances of fenced models
 (:func:`coordination.fencing.unfenced`).
 """
 
-from typing import Any
+# The audited escape hatch, importable before Django's apps are ready: it
+# imports nothing of the app's models.
+from .fenced.unfenced import unfenced
 
 __version__ = "0.1.0"
 
-
-def __getattr__(name: str) -> Any:
-    # Imported on first use: the package is imported before Django's apps are
-    # ready (settings, INSTALLED_APPS), and fencing imports the models.
-    if name == "unfenced":
-        from .fencing import unfenced
-
-        return unfenced
-    raise AttributeError(f"module 'coordination' has no attribute {name!r}")
+__all__ = ["__version__", "unfenced"]

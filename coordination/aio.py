@@ -43,22 +43,18 @@ import logging
 import os
 import queue
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, ParamSpec, TypeVar, cast
+from typing import Any, ParamSpec, TypeVar
 
 from django.core.signals import setting_changed
 from django.db import connections
 from django.dispatch import receiver
 
-from . import waiting
 from .conf import app_settings
-from .exceptions import LeaseLost, LockHeld
-from .leases import Lease
-from .logfields import LogFields
 
 __all__ = [
-    "GrantPointThreads", "await_grant", "close_threads", "run_sync", "run_to_completion", "submit",
+    "GrantPointThreads", "close_threads", "run_sync", "run_to_completion", "submit",
     "threads",
 ]
 
@@ -221,84 +217,3 @@ def _log_failure(func: Callable[..., Any]) -> Callable[[Future[Any]], None]:
                            getattr(func, "__qualname__", func), error)
 
     return log
-
-
-# --- waiting for a grant --------------------------------------------------------
-
-
-async def await_grant(
-    attempt: Callable[[], _R], *, wait: float, release: Callable[[Lease], object]
-) -> _R:
-    """The async driver of the wait loop (:func:`coordination.waiting.grant_loop`):
-    run ``attempt`` (one grant, ``wait=0``, inside the grant point's call
-    wrapper) on the app's threads until it is not refused with ``LockHeld`` or
-    ``wait`` seconds pass, sleeping between attempts with ``asyncio.sleep``
-    (polling: back-off with jitter, up to the holder's remaining lease),
-    holding no thread while it waits.
-
-    Cancelled while an attempt runs, the attempt still completes on its thread
-    (a database call cannot be interrupted half way), and the lease (or dict
-    of leases) it granted is handed to ``release`` there at once: never left
-    held. Cancelled before a thread took the attempt, nothing runs.
-    """
-    wait = waiting.validate_seconds(wait, "wait", upper=float(app_settings.MAX_WAIT))
-    loop = waiting.grant_loop(wait, None)
-    try:
-        step = next(loop)
-        while True:
-            if isinstance(step, waiting.Pause):
-                await asyncio.sleep(step.seconds)
-                step = next(loop)
-                continue
-            try:
-                outcome: object = await _attempt(attempt, release)
-            except LockHeld as held:
-                outcome = held
-            step = loop.send(outcome)
-    except StopIteration as done:
-        return cast(_R, done.value)
-    finally:
-        loop.close()
-
-
-async def _attempt(attempt: Callable[[], _R], release: Callable[[Lease], object]) -> _R:
-    running = submit(attempt)
-    try:
-        return await asyncio.shield(asyncio.wrap_future(running))
-    except asyncio.CancelledError:
-        # Not started: it never will. Started (or even done, if the cancellation
-        # arrived as it finished): what it grants goes back at once.
-        if not running.cancel():
-            running.add_done_callback(lambda done: _give_back(done, release))
-        raise
-
-
-# The grant point's own lines: a grant given back is the grant's story.
-_grants_logger = logging.getLogger("coordination.locks")
-
-
-def _give_back(attempt: Future[Any], release: Callable[[Lease], object]) -> None:
-    if attempt.cancelled() or attempt.exception() is not None:
-        return
-    granted = attempt.result()
-    _grants_logger.info("a grant made for a cancelled coroutine is given back: %r", granted)
-    leases = list(granted.values()) if isinstance(granted, Mapping) else [granted]
-    try:
-        submit(_release_quietly, leases, release)
-    except RuntimeError:  # the pool was closed meanwhile: the lease(s) expire on their own
-        _grants_logger.warning(
-            "could not give back %r, granted to a cancelled coroutine; it expires", granted
-        )
-
-
-def _release_quietly(leases: list[Lease], release: Callable[[Lease], object]) -> None:
-    for lease in leases:
-        try:
-            release(lease)
-        except LeaseLost:
-            pass
-        except Exception:
-            _grants_logger.exception(
-                "could not release; the lease will expire %s",
-                LogFields(key=lease.key, token=lease.token, expires_at=lease.expires_at.isoformat()),
-            )

@@ -128,14 +128,15 @@ def check_fenced_models(
     app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 ) -> list[CheckMessage]:
     """E002: every concrete FencedModel declares a usable ``fence_lock`` template."""
-    from .fencing import _PLACEHOLDER, FencedModel
+    from .fenced.keys import PLACEHOLDER
+    from .fencing import FencedModel
 
     messages: list[CheckMessage] = []
     for model in apps.get_models():
         if not issubclass(model, FencedModel):
             continue
         template = getattr(model, "fence_lock", None)
-        if not isinstance(template, str) or not _PLACEHOLDER.search(template):
+        if not isinstance(template, str) or not PLACEHOLDER.search(template):
             messages.append(
                 Error(
                     f"{model._meta.label} does not declare which lock key guards its rows.",
@@ -146,7 +147,7 @@ def check_fenced_models(
             )
             continue
         names = {f.name for f in model._meta.get_fields()} | {"pk"}
-        for name in _PLACEHOLDER.findall(template):
+        for name in PLACEHOLDER.findall(template):
             if name not in names:
                 messages.append(
                     Error(

@@ -31,13 +31,14 @@ from __future__ import annotations
 from .fenced.fences import afence, fence
 from .fenced.grants import Grants
 from .fenced.idempotency import idempotent
-from .fenced.keys import PLACEHOLDER, lock_key_expression, lock_key_of
 from .fenced.keys import lock_binding as lock_binding
-from .fenced.models import FencedModel, WatermarkField
+from .fenced.keys import lock_key_expression, lock_key_of
+from .fenced.models import FencedModel
 from .fenced.queryset import FencedQuerySet
 from .fenced.raising import WatermarkRaise, raise_fence_to_lock
 from .fenced.rejections import record_rejection
 from .fenced.unfenced import unfenced
+from .watermarks import WatermarkField
 
 __all__ = [
     "FencedModel",
@@ -54,7 +55,3 @@ __all__ = [
     "record_rejection",
     "unfenced",
 ]
-
-# The placeholder pattern of fence_lock templates, under the name the app's
-# checks and restore guard import it by.
-_PLACEHOLDER = PLACEHOLDER

@@ -40,7 +40,7 @@ from typing import Any, ClassVar, NamedTuple, ParamSpec, TypeVar
 
 from django.db import connections
 
-from . import aio, locks, signals
+from . import aio, renewal, signals
 from .conf import app_settings
 from .exceptions import LeaseLost
 from .leases import Lease
@@ -266,9 +266,9 @@ class KeepAlive(Renewals):
                     outcome: dt.datetime | BaseException | None
                     try:
                         if isinstance(step, _ReadClock):
-                            outcome = locks.database_now(self.using)
+                            outcome = renewal.database_now(self.using)
                         else:
-                            locks.renew(self.grant, ttl=self.ttl, using=self.using)
+                            renewal.renew(self.grant, ttl=self.ttl, using=self.using)
                             outcome = None
                     except LeaseLost as lost:
                         outcome = lost
@@ -345,9 +345,9 @@ class AsyncKeepAlive(Renewals):
                 outcome: dt.datetime | BaseException | None
                 try:
                     if isinstance(step, _ReadClock):
-                        outcome = await self._call(locks.database_now, self.using)
+                        outcome = await self._call(renewal.database_now, self.using)
                     else:
-                        await self._call(locks.renew, self.grant, ttl=self.ttl, using=self.using)
+                        await self._call(renewal.renew, self.grant, ttl=self.ttl, using=self.using)
                         outcome = None
                 except Exception as error:
                     outcome = error

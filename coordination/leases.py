@@ -11,11 +11,14 @@ numbers the holder's writes under its token.
 
 from __future__ import annotations
 
+import contextvars
 import datetime as dt
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Lease"]
+__all__ = ["Lease", "current_grant", "use_grant"]
 
 
 @dataclass(slots=True, eq=False, kw_only=True)
@@ -72,3 +75,25 @@ class Lease:
     def mark_lost(self) -> None:
         """Make later fenced writes with this lease fail with LeaseLost before applying."""
         self.lost = True
+
+
+# The lease fenced writes use when none is passed: one per execution (thread or
+# asyncio task), set by hold(), ahold(), use_grant() and a fenced task.
+_current_grant: contextvars.ContextVar[Lease | None] = contextvars.ContextVar(
+    "coordination_current_grant", default=None
+)
+
+
+def current_grant() -> Lease | None:
+    """The lease of the enclosing ``hold()``, ``use_grant()`` or fenced task, if any."""
+    return _current_grant.get()
+
+
+@contextmanager
+def use_grant(grant: Lease) -> Iterator[Lease]:
+    """Make ``grant`` the lease fenced writes use when none is passed, within the block."""
+    reset = _current_grant.set(grant)
+    try:
+        yield grant
+    finally:
+        _current_grant.reset(reset)

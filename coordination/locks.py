@@ -35,20 +35,20 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import datetime as dt
 import functools
 import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager, suppress
-from typing import Any, ParamSpec, TypeVar
+from typing import ParamSpec, TypeVar
 
 from . import aio, signals
 from .backends import get_backend
 from .conf import app_settings
 from .exceptions import InvalidInput, LeaseLost
-from .leases import Lease
+from .keepalive import AsyncKeepAlive
+from .leases import Lease, _current_grant, current_grant, use_grant
 from .logfields import LogFields
 from .models import (
     DatabaseNow,
@@ -60,17 +60,19 @@ from .models import (
     validate_holder,
     validate_key,
 )
+from .renewal import database_now, renew
 from .waiting import (
     Waiter,
     announce_grant,
+    await_grant,
     grant_point_call,
     grant_timings,
-    validate_ttl,
     wait_for_grant,
 )
 
 __all__ = [
     "MAX_KEYS_AT_ONCE",
+    "AsyncKeepAlive",
     "Lease",
     "aacquire",
     "aacquire_many",
@@ -95,31 +97,6 @@ logger = logging.getLogger("coordination.locks")
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
-
-_current_grant: contextvars.ContextVar[Lease | None] = contextvars.ContextVar(
-    "coordination_current_grant", default=None
-)
-
-
-def current_grant() -> Lease | None:
-    """The lease of the enclosing ``hold()``, ``use_grant()`` or fenced task, if any."""
-    return _current_grant.get()
-
-
-@contextmanager
-def use_grant(grant: Lease) -> Iterator[Lease]:
-    """Make ``grant`` the lease fenced writes use when none is passed, within the block."""
-    reset = _current_grant.set(grant)
-    try:
-        yield grant
-    finally:
-        _current_grant.reset(reset)
-
-
-def database_now(using: str | None = None) -> dt.datetime:
-    """The database server's current time (aware, UTC): the only clock leases use."""
-    return get_backend(using).now()
-
 
 def acquire(
     key: str,
@@ -187,32 +164,6 @@ def acquire(
     if reentrant:
         _held_here()[(_alias(using), key)] = _Reentry(lease, _execution())
     return lease
-
-
-def renew(grant: Lease, *, ttl: float | None = None, using: str | None = None) -> Lease:
-    """Extend the lease ``grant`` to ``ttl`` seconds from now (database time).
-
-    Only the current holder can renew: the lease must not have expired, been
-    released, revoked or taken over, and ``grant.lease_id`` must match. Otherwise
-    raises ``LeaseLost`` and marks the lease lost. A shared (reader) lease is
-    renewed in its Grant row (``coordination.shared``). Returns the same lease with
-    ``expires_at`` moved (its Grant row's too).
-    """
-    seconds = validate_ttl(app_settings.DEFAULT_TTL if ttl is None else ttl)
-    backend = get_backend(using)
-    try:
-        with grant_point_call("renew", grant.key, using):
-            expires_at = backend.renew(grant, seconds)
-    except LeaseLost as lost:
-        grant.mark_lost()
-        logger.warning(
-            "lease lost %s", LogFields(key=grant.key, token=grant.token, detail=lost.detail)
-        )
-        signals.lock_lost.send(sender=Grant, grant=grant, error=lost)
-        raise
-    grant.expires_at = expires_at
-    signals.lock_renewed.send(sender=Grant, grant=grant)
-    return grant
 
 
 def release(grant: Lease, *, using: str | None = None) -> Lease:
@@ -541,7 +492,7 @@ async def aacquire(
     def attempt() -> Lease:
         return acquire(key, holder=holder, ttl=ttl, wait=0.0, lock_delay=lock_delay, using=using)
 
-    return await aio.await_grant(attempt, wait=wait, release=functools.partial(release, using=using))
+    return await await_grant(attempt, wait=wait, release=functools.partial(release, using=using))
 
 
 async def aacquire_many(
@@ -567,7 +518,7 @@ async def aacquire_many(
     def attempt() -> dict[str, Lease]:
         return acquire_many(wanted, holder=holder, ttl=ttl, lock_delay=lock_delay, using=using)
 
-    return await aio.await_grant(attempt, wait=wait, release=functools.partial(release, using=using))
+    return await await_grant(attempt, wait=wait, release=functools.partial(release, using=using))
 
 
 async def arenew(grant: Lease, *, ttl: float | None = None, using: str | None = None) -> Lease:
@@ -608,8 +559,6 @@ async def ahold(
     the block runs. As with ``hold()``, a block that succeeded after its lease
     was lost ends with ``LeaseLost`` from the release.
     """
-    from .keepalive import AsyncKeepAlive  # it renews through this module
-
     lease_seconds = app_settings.DEFAULT_TTL if ttl is None else ttl
     grant = await aacquire(key, holder=holder, ttl=ttl, wait=wait, using=using)
     keeper = AsyncKeepAlive(grant, ttl=lease_seconds, using=using).start() if keepalive else None
@@ -632,13 +581,3 @@ async def ahold(
             await arelease(grant, using=using)
     finally:
         _current_grant.reset(reset)
-
-
-def __getattr__(name: str) -> Any:
-    # ``locks.AsyncKeepAlive`` stays importable; it lives in coordination.keepalive,
-    # which renews through this module (imported on use: no import cycle).
-    if name == "AsyncKeepAlive":
-        from .keepalive import AsyncKeepAlive
-
-        return AsyncKeepAlive
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.db import connections, models, transaction
+from django.db import models, transaction
 from django.db.models import Q
 from django.db.models.functions import Coalesce, Concat, Now
 from django.utils.translation import gettext_lazy as _
@@ -230,40 +230,13 @@ class Lock(models.Model):
 
 
 class TokenFloorQuerySet(models.QuerySet["TokenFloor"]):
-    """The token floor's one row: read it, raise it; never lower it."""
+    """The token floor's one row (raised by :func:`coordination.restore.raise_floor_to`)."""
 
     def value(self) -> int:
         """The floor: 0 if its row is missing (a test database flushed, a schema made
         without migrations), as a missing Lock row is a counter at 0."""
         found = self.filter(pk=TokenFloor.ROW).values_list("token", flat=True).first()
         return found or 0
-
-    def raise_to(self, token: int) -> int:
-        """Raise the floor to at least ``token``; return the floor afterwards.
-
-        One conditional ``UPDATE`` (two statements, and an ``INSERT`` first, only
-        when the row is missing): safe beside concurrent grants, which only read
-        the floor, and beside concurrent raises (the row lock orders them; each
-        only ever raises). A ``token`` at or below the floor changes nothing.
-        Raises ``InvalidInput`` outside 0..2**63 - 1.
-        """
-        if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token <= MAX_TOKEN:
-            raise InvalidInput(f"a token floor is a whole number from 0 to {MAX_TOKEN}")
-        rows = self.filter(pk=TokenFloor.ROW, token__lt=token)
-        if not rows.update(token=token, raised_at=DatabaseNow()):
-            # At or above already, or no row yet: make it, then raise it.
-            self.ensure_row()
-            rows.update(token=token, raised_at=DatabaseNow())
-        return self.value()
-
-    def ensure_row(self) -> None:
-        """Make the floor's row if it is missing (a flushed test database, a row
-        deleted by hand), at 0, as the database's backend makes it (PostgreSQL
-        records the current timeline with it, so no grant's promotion guard has
-        to lock the row to record one)."""
-        from .backends import dialect_of
-
-        dialect_of(connections[self.db]).ensure_token_floor_row(self.db)
 
 
 class TokenFloor(models.Model):

@@ -53,8 +53,8 @@ from .models import (
     Lock,
     Rejection,
     Ticket,
-    TokenFloor,
 )
+from .restore import raise_floor_to
 
 __all__ = ["PruneTarget", "lock_cutoff", "parse_age", "prune", "prune_locks", "targets", "unused_locks"]
 
@@ -250,7 +250,7 @@ def prune_locks(
                 pks = [pk for pk, _token in rows]
                 # The floor first, in the same transaction: a key pruned here
                 # and granted again starts above its last token (rule 3).
-                TokenFloor.objects.using(alias).raise_to(max(token for _pk, token in rows))
+                raise_floor_to(max(token for _pk, token in rows), using=alias)
                 Grant.objects.using(alias).filter(lock_id__in=pks).delete()
                 Lock.objects.using(alias).filter(pk__in=pks).delete()
                 deleted += len(pks)

@@ -48,8 +48,9 @@ from . import locks
 from .backends import dialect_of
 from .conf import app_settings
 from .exceptions import CoordinationError, InvalidInput, TokenExhausted
-from .fencing import _PLACEHOLDER, FencedModel, lock_binding, raise_fence_to_lock
-from .models import MAX_TOKEN, Fence, Lock, TokenFloor
+from .fenced.keys import PLACEHOLDER
+from .fencing import FencedModel, lock_binding, raise_fence_to_lock
+from .models import MAX_TOKEN, DatabaseNow, Fence, Lock, TokenFloor
 
 __all__ = [
     "CLOSED_STEP",
@@ -134,7 +135,7 @@ def raise_floor(
     with transaction.atomic(using=alias):
         if apply:
             # The row is locked from here to the commit: raises by others wait, then add.
-            floors.ensure_row()
+            _ensure_floor_row(alias)
             before = floors.select_for_update().value()
         else:
             before = floors.value()
@@ -143,7 +144,7 @@ def raise_floor(
                 f"raising the token floor {before} by {by} would pass the largest 64-bit "
                 f"token {MAX_TOKEN}; nothing was changed. Use a smaller bump."
             )
-        after = floors.raise_to(before + by) if apply else before + by
+        after = raise_floor_to(before + by, using=alias) if apply else before + by
     say(f"token floor: {before} -> {after} (a key this database has never seen starts above it)")
     report.floor_before, report.floor_after = before, after
     return report
@@ -159,7 +160,24 @@ def raise_floor_to(token: int, *, using: str | None = None) -> int:
     tokens can have gone (a promotion after a failover); after a restore use
     :func:`raise_floor` (or :func:`bump_tokens`), which raise it by a margin.
     """
-    return TokenFloor.objects.using(using or app_settings.DATABASE).raise_to(token)
+    if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token <= MAX_TOKEN:
+        raise InvalidInput(f"a token floor is a whole number from 0 to {MAX_TOKEN}")
+    alias = using or app_settings.DATABASE
+    floors = TokenFloor.objects.using(alias)
+    rows = floors.filter(pk=TokenFloor.ROW, token__lt=token)
+    if not rows.update(token=token, raised_at=DatabaseNow()):
+        # At or above already, or no row yet: make it, then raise it.
+        _ensure_floor_row(alias)
+        rows.update(token=token, raised_at=DatabaseNow())
+    return floors.value()
+
+
+def _ensure_floor_row(alias: str) -> None:
+    """Make the floor's row if it is missing (a flushed test database, a row
+    deleted by hand), at 0, as the database's backend makes it (PostgreSQL
+    records the current timeline with it, so no grant's promotion guard has
+    to lock the row to record one)."""
+    dialect_of(connections[alias]).ensure_token_floor_row(alias)
 
 
 def _check_bump(by: int) -> None:
@@ -395,7 +413,7 @@ def _raise_model_rows(
 ) -> None:
     label = model._meta.label_lower
     template: str = getattr(model, "fence_lock", "")
-    names = _PLACEHOLDER.findall(template)
+    names = PLACEHOLDER.findall(template)
     columns = _template_columns(model, names)
     if columns is None:
         report.rows_unsupported[label] = model._base_manager.count()
@@ -471,7 +489,7 @@ def _row_key(model: type[models.Model], template: str, values: dict[str, Any]) -
     Checked against the template's own parser, so the key is exactly the one
     whose grant ``fenced_update`` lets write this row.
     """
-    key = _PLACEHOLDER.sub(lambda placeholder: str(values[placeholder.group(1)]), template)
+    key = PLACEHOLDER.sub(lambda placeholder: str(values[placeholder.group(1)]), template)
     try:
         binding = lock_binding(model, key)
     except (CoordinationError, re.error):

@@ -28,7 +28,6 @@ import time
 
 from django.db.models import Q
 
-from . import aio
 from .backends import get_backend
 from .backends.base import Acquired, GrantPoint, refuse_in_caller_transaction
 from .conf import app_settings
@@ -36,7 +35,7 @@ from .exceptions import InvalidInput, LockHeld
 from .leases import Lease
 from .locks import database_now, release
 from .models import DatabaseNow, Lock, Ticket, validate_holder, validate_key
-from .waiting import Waiter, announce_grant, grant_timings, wait_for_grant
+from .waiting import Waiter, announce_grant, await_grant, grant_timings, wait_for_grant
 
 __all__ = [
     "MAX_PERMITS", "aacquire_permit", "acquire_permit", "permit_keys", "permit_queue",
@@ -208,7 +207,7 @@ async def aacquire_permit(
 
     Each attempt is one ``acquire_permit()`` call (``wait=0``) on the app's
     thread pool; a permit granted to a coroutine cancelled meanwhile is
-    released at once (``aio.await_grant``).
+    released at once (``waiting.await_grant``).
     """
 
     def attempt() -> Lease:
@@ -216,7 +215,7 @@ async def aacquire_permit(
             name, limit=limit, holder=holder, ttl=ttl, lock_delay=lock_delay, using=using
         )
 
-    return await aio.await_grant(attempt, wait=wait, release=functools.partial(release, using=using))
+    return await await_grant(attempt, wait=wait, release=functools.partial(release, using=using))
 
 
 def _candidates(keys: list[str], alias: str) -> list[str]:

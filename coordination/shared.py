@@ -33,12 +33,11 @@ from __future__ import annotations
 import functools
 import time
 
-from . import aio
 from .backends import get_backend
 from .leases import Lease
 from .locks import release
 from .models import validate_holder, validate_key
-from .waiting import Waiter, announce_grant, grant_timings, wait_for_grant
+from .waiting import Waiter, announce_grant, await_grant, grant_timings, wait_for_grant
 
 __all__ = ["aacquire_shared", "acquire_shared"]
 
@@ -103,10 +102,10 @@ async def aacquire_shared(
 
     Each attempt is one ``acquire_shared()`` call (``wait=0``) on the app's
     thread pool; a grant made for a coroutine cancelled meanwhile is released
-    at once (``aio.await_grant``).
+    at once (``waiting.await_grant``).
     """
 
     def attempt() -> Lease:
         return acquire_shared(key, holder=holder, ttl=ttl, lock_delay=lock_delay, using=using)
 
-    return await aio.await_grant(attempt, wait=wait, release=functools.partial(release, using=using))
+    return await await_grant(attempt, wait=wait, release=functools.partial(release, using=using))

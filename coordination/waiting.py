@@ -12,7 +12,7 @@ pauses (:class:`Pace`) and tries again until granted or ``wait`` is over.
 The loop is a generator stepped by a driver, as kazoo writes each recipe once
 over a handler: :func:`wait_for_grant` steps it on this thread, inside
 :func:`grant_point_call` (a dropped connection is ``GrantPointUnavailable``),
-sleeping on the waiter's wake-up connection; ``aio.await_grant`` steps it from
+sleeping on the waiter's wake-up connection; :func:`await_grant` steps it from
 a coroutine, running each attempt on the app's threads and sleeping with
 ``asyncio.sleep`` (async waiters poll).
 
@@ -23,21 +23,23 @@ and signals, :func:`announce_grant`).
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import logging
 import math
 import random
 import time
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from contextlib import contextmanager, nullcontext, suppress
 from typing import Any, NamedTuple, TypeVar, cast
 
 from django.db import InterfaceError, InternalError, OperationalError, connections
 
-from . import signals
+from . import aio, signals
 from .backends.base import Acquired, GrantPoint, Listener
 from .conf import app_settings
-from .exceptions import GrantPointUnavailable, InvalidInput, LockHeld
+from .exceptions import GrantPointUnavailable, InvalidInput, LeaseLost, LockHeld
 from .leases import Lease
 from .logfields import LogFields
 from .models import Grant, Ticket
@@ -48,6 +50,7 @@ __all__ = [
     "Pause",
     "Waiter",
     "announce_grant",
+    "await_grant",
     "grant_loop",
     "grant_point_call",
     "grant_timings",
@@ -382,3 +385,84 @@ def validate_seconds(
     if seconds < lower or seconds > upper or (name == "ttl" and seconds <= 0):
         raise InvalidInput(f"{name} must be between {lower:g} and {upper:g} seconds, not {seconds:g}")
     return seconds
+
+
+# --- waiting for a grant --------------------------------------------------------
+
+
+async def await_grant(
+    attempt: Callable[[], _R], *, wait: float, release: Callable[[Lease], object]
+) -> _R:
+    """The async driver of the wait loop (:func:`coordination.grant_loop`):
+    run ``attempt`` (one grant, ``wait=0``, inside the grant point's call
+    wrapper) on the app's threads until it is not refused with ``LockHeld`` or
+    ``wait`` seconds pass, sleeping between attempts with ``asyncio.sleep``
+    (polling: back-off with jitter, up to the holder's remaining lease),
+    holding no thread while it waits.
+
+    Cancelled while an attempt runs, the attempt still completes on its thread
+    (a database call cannot be interrupted half way), and the lease (or dict
+    of leases) it granted is handed to ``release`` there at once: never left
+    held. Cancelled before a thread took the attempt, nothing runs.
+    """
+    wait = validate_seconds(wait, "wait", upper=float(app_settings.MAX_WAIT))
+    loop = grant_loop(wait, None)
+    try:
+        step = next(loop)
+        while True:
+            if isinstance(step, Pause):
+                await asyncio.sleep(step.seconds)
+                step = next(loop)
+                continue
+            try:
+                outcome: object = await _attempt(attempt, release)
+            except LockHeld as held:
+                outcome = held
+            step = loop.send(outcome)
+    except StopIteration as done:
+        return cast(_R, done.value)
+    finally:
+        loop.close()
+
+
+async def _attempt(attempt: Callable[[], _R], release: Callable[[Lease], object]) -> _R:
+    running = aio.submit(attempt)
+    try:
+        return await asyncio.shield(asyncio.wrap_future(running))
+    except asyncio.CancelledError:
+        # Not started: it never will. Started (or even done, if the cancellation
+        # arrived as it finished): what it grants goes back at once.
+        if not running.cancel():
+            running.add_done_callback(lambda done: _give_back(done, release))
+        raise
+
+
+# The grant point's own lines: a grant given back is the grant's story.
+_grants_logger = logging.getLogger("coordination.locks")
+
+
+def _give_back(attempt: Future[Any], release: Callable[[Lease], object]) -> None:
+    if attempt.cancelled() or attempt.exception() is not None:
+        return
+    granted = attempt.result()
+    _grants_logger.info("a grant made for a cancelled coroutine is given back: %r", granted)
+    leases = list(granted.values()) if isinstance(granted, Mapping) else [granted]
+    try:
+        aio.submit(_release_quietly, leases, release)
+    except RuntimeError:  # the pool was closed meanwhile: the lease(s) expire on their own
+        _grants_logger.warning(
+            "could not give back %r, granted to a cancelled coroutine; it expires", granted
+        )
+
+
+def _release_quietly(leases: list[Lease], release: Callable[[Lease], object]) -> None:
+    for lease in leases:
+        try:
+            release(lease)
+        except LeaseLost:
+            pass
+        except Exception:
+            _grants_logger.exception(
+                "could not release; the lease will expire %s",
+                LogFields(key=lease.key, token=lease.token, expires_at=lease.expires_at.isoformat()),
+            )

@@ -30,10 +30,14 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from typing import Any
 
+from django.core.exceptions import FieldDoesNotExist
 from django.db import connections, models, router, transaction
 from django.db.backends.utils import truncate_name
+from django.db.models import F
 
 from coordination.exceptions import RETIRED_STEP
+
+from .models import Fence, Lock, TokenFloor
 
 __all__ = [
     "HIGHEST_STEP",
@@ -43,12 +47,14 @@ __all__ = [
     "RESTORED",
     "Refusal",
     "Watermark",
+    "WatermarkField",
     "insert_returns_restored",
     "install",
     "install_after_migrate",
     "install_for_models",
     "missing",
     "refusal",
+    "rows_are_fences",
     "uninstall",
     "watermarks_of",
 ]
@@ -132,12 +138,48 @@ class Refusal:
         return self.constraint == MUST_RISE
 
 
+class WatermarkField(models.BigIntegerField):  # type: ignore[type-arg]
+    """A watermark column: an insert writes it, a plain ``save()`` of an existing row never does.
+
+    On an update, ``pre_save`` returns the column itself (``SET fence = fence``),
+    so a stale instance's ``save()`` keeps the watermark a newer token wrote
+    (rule 8 of docs/rules.md), with or without ``update_fields`` naming it, while
+    the rest of ``save()`` keeps Django's semantics: an instance whose row was
+    deleted is inserted again with its own values. A field rather than an
+    overridden ``save()``: Django asks the field for its value on every path
+    that saves an instance (``save``, ``update_or_create``, the admin), and
+    an override could only drop the columns from ``update_fields``, which turns
+    the insert fallback into an error. Django 6 reads the row's watermark back
+    into the instance (``RETURNING``); on 5.2 the instance keeps the value it
+    was loaded with until ``refresh_from_db()``.
+
+    It deconstructs as a plain ``BigIntegerField``: the column is the same, so
+    no migration of a user's app changes.
+    """
+
+    def pre_save(self, model_instance: models.Model, add: bool) -> Any:
+        if add:
+            return super().pre_save(model_instance, add)
+        return F(self.name)
+
+    def deconstruct(self) -> Any:
+        name, _path, args, kwargs = super().deconstruct()
+        return name, "django.db.models.BigIntegerField", args, kwargs
+
+
+def rows_are_fences(model: type[models.Model]) -> bool:
+    """Whether ``model``'s rows are their own fences: its ``fence`` and ``fence_step``
+    are watermark columns (a :class:`~coordination.fencing.FencedModel`)."""
+    meta = model._meta
+    try:
+        return all(isinstance(meta.get_field(name), WatermarkField) for name in ("fence", "fence_step"))
+    except FieldDoesNotExist:
+        return False
+
+
 def watermarks_of(candidates: Iterable[type[models.Model]]) -> list[Watermark]:
     """The watermarks among these models: Lock, TokenFloor, Fence and concrete
     FencedModels (one per table)."""
-    from .fencing import FencedModel
-    from .models import Fence, Lock, TokenFloor
-
     found: dict[str, Watermark] = {}
     for model in candidates:
         meta = model._meta
@@ -147,7 +189,7 @@ def watermarks_of(candidates: Iterable[type[models.Model]]) -> list[Watermark]:
             fields: tuple[str, ...] = ("token",)
         elif issubclass(model, Fence):
             fields = ("token", "step")
-        elif issubclass(model, FencedModel):
+        elif rows_are_fences(model):
             fields = ("fence", "fence_step")
         else:
             continue
@@ -156,7 +198,7 @@ def watermarks_of(candidates: Iterable[type[models.Model]]) -> list[Watermark]:
         if owner._meta.db_table not in found:
             strict = bool(getattr(owner, "fence_strict", False))
             found[owner._meta.db_table] = Watermark.of(
-                owner, *fields, strict=strict, tombstones=issubclass(model, FencedModel)
+                owner, *fields, strict=strict, tombstones=rows_are_fences(model)
             )
     return list(found.values())
 
@@ -273,7 +315,6 @@ def install_after_migrate(
     from django.db.migrations.recorder import MigrationRecorder
 
     from .backends import dialect_of
-    from .fencing import FencedModel
 
     connection = connections[using]
     dialect_of(connection).after_migrate(connection)
@@ -283,7 +324,7 @@ def install_after_migrate(
     candidates = [
         model for model in apps.get_models()
         if router.allow_migrate_model(using, model)
-        and (issubclass(model, FencedModel) or (own and model._meta.app_label == "coordination"))
+        and (rows_are_fences(model) or (own and model._meta.app_label == "coordination"))
     ]
     changed = install_for_models(connection, candidates)
     if changed and verbosity >= 1:

@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from ..exceptions import InvalidInput, NoGrant
-from ..leases import Lease
-from ..locks import current_grant
+from ..leases import Lease, current_grant
 from ..models import MAX_TOKEN
 
 Grants = Lease | Mapping[str, Lease] | Iterable[Lease]

@@ -10,13 +10,14 @@ from typing import Any, ClassVar, cast
 
 from django.core.exceptions import FieldDoesNotExist
 from django.db import IntegrityError, connections, models, router, transaction
-from django.db.models import F, Q
+from django.db.models import Q
 
 from .. import watermarks
 from ..exceptions import StaleInstance
 from ..leases import Lease
 from ..logfields import LogFields
 from ..models import UnfencedSave
+from ..watermarks import WatermarkField
 from .conditions import NotAbove
 from .grants import resolve_grant, resolve_step
 from .keys import lock_key_of
@@ -26,35 +27,6 @@ from .unfenced import active_override
 
 # The resource side's documented logger, whichever of its modules logs.
 logger = logging.getLogger("coordination.fencing")
-
-
-class WatermarkField(models.BigIntegerField):  # type: ignore[type-arg]
-    """A watermark column: an insert writes it, a plain ``save()`` of an existing row never does.
-
-    On an update, ``pre_save`` returns the column itself (``SET fence = fence``),
-    so a stale instance's ``save()`` keeps the watermark a newer token wrote
-    (rule 8 of docs/rules.md), with or without ``update_fields`` naming it, while
-    the rest of ``save()`` keeps Django's semantics: an instance whose row was
-    deleted is inserted again with its own values. A field rather than an
-    overridden ``save()``: Django asks the field for its value on every path
-    that saves an instance (``save``, ``update_or_create``, the admin), and
-    an override could only drop the columns from ``update_fields``, which turns
-    the insert fallback into an error. Django 6 reads the row's watermark back
-    into the instance (``RETURNING``); on 5.2 the instance keeps the value it
-    was loaded with until ``refresh_from_db()``.
-
-    It deconstructs as a plain ``BigIntegerField``: the column is the same, so
-    no migration of a user's app changes.
-    """
-
-    def pre_save(self, model_instance: models.Model, add: bool) -> Any:
-        if add:
-            return super().pre_save(model_instance, add)
-        return F(self.name)
-
-    def deconstruct(self) -> Any:
-        name, _path, args, kwargs = super().deconstruct()
-        return name, "django.db.models.BigIntegerField", args, kwargs
 
 
 class FencedModel(models.Model):

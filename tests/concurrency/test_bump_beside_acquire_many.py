@@ -81,7 +81,7 @@ def test_a_floor_row_made_again_records_the_timeline_so_no_grant_waits_for_it() 
     the row and waited for a lock row, the other held that lock row and waited
     for the floor row. A remade row records the timeline, so no grant locks it."""
     TokenFloor.objects.filter(pk=TokenFloor.ROW).delete()
-    TokenFloor.objects.raise_to(5)
+    restore.raise_floor_to(5)
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT {CURRENT_TIMELINE_SQL}")
         (current,) = cursor.fetchone()

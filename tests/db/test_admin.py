@@ -12,7 +12,7 @@ from django.contrib.auth.models import Permission, User
 from django.test import Client
 from django.urls import reverse
 
-from coordination import fencing, locks
+from coordination import fencing, locks, restore
 from coordination.admin import FenceAdmin, LockAdmin
 from coordination.exceptions import DuplicateWrite, StaleToken
 from coordination.models import (
@@ -25,7 +25,6 @@ from coordination.models import (
     IdempotencyRecord,
     Lock,
     Rejection,
-    TokenFloor,
 )
 from coordination.semaphores import acquire_permit, permit_slot
 from coordination.shared import acquire_shared
@@ -106,7 +105,7 @@ def test_lock_search_finds_key_and_holder(admin_client: Client) -> None:
 def test_lock_list_shows_the_token_floor(admin_client: Client) -> None:
     assert 'data-token-floor="0"' in admin_client.get(reverse(LOCKS)).content.decode()
 
-    TokenFloor.objects.raise_to(1000)
+    restore.raise_floor_to(1000)
 
     page = admin_client.get(reverse(LOCKS)).content.decode()
     assert 'data-token-floor="1000"' in page

@@ -10,8 +10,8 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.db import connection
 
-from coordination import checks
-from coordination.models import MAX_TOKEN, TokenFloor
+from coordination import checks, restore
+from coordination.models import MAX_TOKEN
 from tests.support.factories import LockFactory
 
 
@@ -36,10 +36,10 @@ def test_tokens_past_2_pow_62_are_w004() -> None:
 
 @pytest.mark.django_db
 def test_a_token_floor_past_2_pow_62_is_w004() -> None:
-    TokenFloor.objects.raise_to(2**62)
+    restore.raise_floor_to(2**62)
     assert checks.check_token_headroom(databases=["default"]) == []
 
-    TokenFloor.objects.raise_to(2**62 + 1)
+    restore.raise_floor_to(2**62 + 1)
 
     messages = checks.check_token_headroom(databases=["default"])
     assert ids(messages) == ["coordination.W004"]

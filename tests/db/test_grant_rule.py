@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from django.db import connection, transaction
 
+import coordination.restore as restore
 from coordination import locks
 from coordination.backends import get_backend
 from coordination.backends.base import LockSnapshot, grant_refusal, next_token
@@ -98,7 +99,7 @@ def test_every_backend_decides_a_grid_of_lock_states_as_the_python_rule_does() -
     disagreements = []
     decided_by_rule = set()
     for floor in FLOORS:
-        assert TokenFloor.objects.raise_to(floor) == floor
+        assert restore.raise_floor_to(floor) == floor
         for number, (state, tickets, token) in enumerate(states()):
             key = f"grid-{floor}-{number}"
             if token is None:

@@ -15,11 +15,12 @@ from django.test import Client, override_settings
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
+import coordination.restore as restore
 from coordination import locks, signals
 from coordination.exceptions import DuplicateWrite, LeaseLost, StaleToken, WrongLock
 from coordination.fencing import fence
 from coordination.metrics import LockStateCollector
-from coordination.models import Grant, Lock, TokenFloor
+from coordination.models import Grant, Lock
 from tests.support.factories import AccountFactory, LockFactory
 from tests.support.waiting import wait_until_database_time_passes
 
@@ -137,7 +138,7 @@ def test_scrape_reports_lock_states_from_the_database(client: Client) -> None:
     locks.acquire("held:1", holder="w", ttl=30)
     expired = locks.acquire("expired:1", holder="w", ttl=0.1)
     LockFactory(key="free:1", token=41)
-    TokenFloor.objects.raise_to(7)
+    restore.raise_floor_to(7)
     wait_until_database_time_passes(expired.expires_at)
 
     samples = scrape(client)

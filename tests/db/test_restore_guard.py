@@ -121,7 +121,7 @@ def test_each_bump_raises_the_floor_again() -> None:
 
 def test_bump_refuses_to_take_the_floor_past_the_largest_token_and_changes_nothing() -> None:
     LockFactory(key="small", token=1)
-    TokenFloor.objects.raise_to(MAX_TOKEN - 10)
+    restore.raise_floor_to(MAX_TOKEN - 10)
 
     with pytest.raises(CommandError, match=r"token floor .* would pass the largest 64-bit token"):
         guard("--bump", "11", "--apply")
@@ -295,7 +295,7 @@ def test_raise_fences_closes_a_fenced_model_row_of_a_key_the_restored_lock_rows_
 def test_a_watermark_under_the_floor_is_not_ahead_of_its_lock() -> None:
     # A resource store that was not restored, beside a restored and guarded lock database.
     FenceFactory(resource="report-9", lock_key="report:9", token=3, step=1)
-    TokenFloor.objects.raise_to(1000)
+    restore.raise_floor_to(1000)
 
     out, err = guard("--raise-fences", "--apply")
 

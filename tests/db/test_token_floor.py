@@ -23,7 +23,7 @@ def cycle(key: str) -> int:
 
 
 def test_a_key_never_granted_starts_above_the_floor() -> None:
-    assert TokenFloor.objects.raise_to(1000) == 1000
+    assert restore.raise_floor_to(1000) == 1000
 
     assert cycle("never-seen") == 1001
     assert cycle("never-seen") == 1002
@@ -34,7 +34,7 @@ def test_a_counter_below_the_floor_jumps_over_it_and_one_above_counts_on() -> No
     LockFactory(key="level", token=1000)
     LockFactory(key="ahead", token=5000)
 
-    TokenFloor.objects.raise_to(1000)
+    restore.raise_floor_to(1000)
 
     assert [cycle("behind"), cycle("behind")] == [1001, 1002]
     assert cycle("level") == 1001
@@ -49,7 +49,7 @@ def test_a_floor_jump_closes_the_expired_lease_it_takes_over() -> None:
     ran_out = locks.database_now() - dt.timedelta(seconds=60)
     Lock.objects.filter(key="job").update(expires_at=ran_out)
     Grant.objects.filter(lock__key="job", token=paused.token).update(expires_at=ran_out)
-    TokenFloor.objects.raise_to(100)
+    restore.raise_floor_to(100)
     taken_over: list[dict[str, Any]] = []
 
     def record(**kwargs: Any) -> None:
@@ -74,7 +74,7 @@ def test_a_floor_jump_closes_the_expired_lease_it_takes_over() -> None:
 
 def test_a_floor_jump_after_a_release_takes_nothing_over() -> None:
     assert cycle("job") == 1
-    TokenFloor.objects.raise_to(100)
+    restore.raise_floor_to(100)
     taken_over: list[dict[str, Any]] = []
 
     def record(**kwargs: Any) -> None:
@@ -102,7 +102,7 @@ def test_a_missing_floor_row_counts_as_zero_and_a_raise_makes_it_again() -> None
 
 def test_a_floor_at_the_largest_token_refuses_every_key_and_issues_nothing() -> None:
     LockFactory(key="old", token=3)
-    TokenFloor.objects.raise_to(MAX_TOKEN)
+    restore.raise_floor_to(MAX_TOKEN)
 
     for key in ("old", "never-seen"):
         with pytest.raises(TokenExhausted, match="token floor"):
@@ -116,5 +116,5 @@ def test_a_floor_at_the_largest_token_refuses_every_key_and_issues_nothing() -> 
 @pytest.mark.parametrize("value", [-1, MAX_TOKEN + 1, True, 1.5, "10"])
 def test_the_floor_is_a_64_bit_token(value: Any) -> None:
     with pytest.raises(InvalidInput):
-        TokenFloor.objects.raise_to(value)
+        restore.raise_floor_to(value)
     assert TokenFloor.objects.value() == 0

@@ -19,6 +19,7 @@ from django.db import IntegrityError, connection, transaction
 from django.test import Client
 from django.urls import reverse
 
+import coordination.restore as restore
 from coordination import fencing, locks, watermarks
 from coordination.admin import WATERMARK_FIELD
 from coordination.checks import check_watermark_triggers
@@ -278,13 +279,13 @@ def test_a_lock_token_counter_is_never_lowered() -> None:
 
 
 def test_the_token_floor_is_never_lowered() -> None:
-    assert TokenFloor.objects.raise_to(40) == 40
+    assert restore.raise_floor_to(40) == 40
 
     with pytest.raises(IntegrityError, match=watermarks.NOT_LOWERED):
         raw_update("UPDATE coordination_tokenfloor SET token = 39 WHERE id = 1")
     with pytest.raises(IntegrityError, match=watermarks.NOT_LOWERED), transaction.atomic():
         TokenFloor.objects.update(token=0)
-    assert TokenFloor.objects.raise_to(10) == 40  # raising to less is no change
+    assert restore.raise_floor_to(10) == 40  # raising to less is no change
 
     assert TokenFloor.objects.value() == 40
     assert watermarks.missing(connection, watermarks.watermarks_of([TokenFloor])) == []

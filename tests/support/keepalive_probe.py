@@ -70,11 +70,11 @@ def _body(kind: str, seconds: float) -> None:
 
 
 def probe(ttl: float, seconds: float, body: str, key: str) -> Run:
-    from coordination import locks
+    from coordination import locks, renewal
     from coordination.contrib import execution
 
     run = Run(body=body, ttl=ttl)
-    real_renew = locks.renew
+    real_renew = renewal.renew
     grant = locks.acquire(key, holder="probe", ttl=ttl)
     t0 = time.monotonic()
     expires = [grant.expires_at]
@@ -95,7 +95,7 @@ def probe(ttl: float, seconds: float, body: str, key: str) -> Run:
         expires.append(result.expires_at)
         return result
 
-    execution.locks.renew = timed_renew  # type: ignore[attr-defined]
+    renewal.renew = timed_renew  # the keep-alive renews through coordination.renewal
     try:
         keeper = execution.KeepAlive(grant, ttl=ttl).start()
         try:
@@ -103,7 +103,7 @@ def probe(ttl: float, seconds: float, body: str, key: str) -> Run:
         finally:
             keeper.stop()
     finally:
-        execution.locks.renew = real_renew  # type: ignore[attr-defined]
+        renewal.renew = real_renew
     run.lost = bool(grant.lost)
     if run.renewals:
         run.first_started = run.renewals[0].started
