@@ -196,8 +196,8 @@ def release(grant: Lease, *, using: str | None = None) -> Lease:
             f"lease of {grant.key!r} token {grant.token} expired at "
             f"{ended.expired_at.isoformat()} before release; the lock is now free"
         )
-    if logger.isEnabledFor(logging.INFO):
-        logger.info("lock released %s", LogFields(key=grant.key, token=grant.token))
+    if logger.isEnabledFor(logging.DEBUG):  # per release, as per grant: DEBUG (waiting.py)
+        logger.debug("lock released %s", LogFields(key=grant.key, token=grant.token))
     signals.lock_released.send(sender=Grant, grant=grant, reason=ended.reason)
     return grant
 

@@ -543,7 +543,7 @@ def test_a_holder_cannot_add_fields_to_the_log_line(
     setup: Any, holder: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     client, _ = setup
-    with caplog.at_level("INFO", logger="coordination.locks"):
+    with caplog.at_level("DEBUG", logger="coordination.locks"):
         response = post(client, "/api/locks/logged/acquire", {"holder": holder, "ttl": 5})
     assert response.status_code == 201, response.content
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("lock acquired ")]
