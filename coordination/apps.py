@@ -14,14 +14,14 @@ class CoordinationConfig(AppConfig):
             checks,  # noqa: F401  (registers the system checks)
             history,
             signals,
-            watermarks,
         )
+        from .backends import triggers
         from .models import Fence
 
         # After every migrate (and test flush): the watermark triggers of every
         # FencedModel table on that database, the user's apps included.
         post_migrate.connect(
-            watermarks.install_after_migrate, sender=self,
+            triggers.install_after_migrate, sender=self,
             dispatch_uid="coordination.watermarks",
         )
 

@@ -482,13 +482,14 @@ def check_watermark_triggers(
     from django.db import DatabaseError, connections, router
 
     from . import watermarks
+    from .backends import triggers
 
     messages: list[CheckMessage] = []
     for alias in databases or ():
         connection = connections[alias]
         candidates = [model for model in apps.get_models() if router.allow_migrate_model(alias, model)]
         try:
-            absent = watermarks.missing(connection, watermarks.watermarks_of(candidates))
+            absent = triggers.missing(connection, watermarks.watermarks_of(candidates))
         except DatabaseError:  # not reachable or not migrated yet: migrate installs them
             continue
         messages.extend(

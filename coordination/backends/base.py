@@ -22,7 +22,7 @@ import datetime as dt
 import secrets
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
+from typing import Any, ClassVar, NamedTuple, Protocol
 
 from django.db import connections, models, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -43,14 +43,12 @@ from ..models import (
     lease_matches,
 )
 
-if TYPE_CHECKING:
-    from .dialect import Dialect
-
 __all__ = [
     "WAKE_UP_CHANNEL",
     "Acquired",
     "Ended",
     "GrantPoint",
+    "IdleBound",
     "Listener",
     "LockSnapshot",
     "TakenOver",
@@ -304,6 +302,14 @@ statement, where the database bounds that (its statements follow each other
 within milliseconds; only a paused or hung client waits that long)."""
 
 
+class IdleBound(Protocol):
+    """What a grant point asks of its database's dialect, which makes it and hands
+    itself over (``Dialect.grant_point``): the bound on an idle transaction."""
+
+    def bound_idle_transaction(self, connection: BaseDatabaseWrapper, seconds: float) -> None:
+        ...
+
+
 class GrantPoint(abc.ABC):
     """A grant point on one database alias: the base class of the backends.
 
@@ -318,8 +324,10 @@ class GrantPoint(abc.ABC):
     name: ClassVar[str]
     """The backend's name: ``"postgresql"`` (functions), ``"orm"`` or ``"sqlite"``."""
 
-    def __init__(self, alias: str) -> None:
+    def __init__(self, alias: str, dialect: IdleBound) -> None:
         self.alias = alias
+        self.dialect = dialect
+        """The hooks of this alias's database it was made by (its ``Dialect``)."""
         self._clock_expression = DatabaseNow()
         self._clock: tuple[str, list[Any]] | None = None
 
@@ -529,15 +537,6 @@ class GrantPoint(abc.ABC):
             _insert_on_own_connection(record, self.alias)
         else:
             record.save(using=self.alias)
-
-    # --- the database's dialect --------------------------------------------------------
-
-    @property
-    def dialect(self) -> Dialect:
-        """The hooks of this alias's database (:mod:`coordination.backends.dialect`)."""
-        from . import dialect_of
-
-        return dialect_of(self.connection)
 
 
 def _insert_on_own_connection(record: models.Model, alias: str) -> None:

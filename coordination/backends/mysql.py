@@ -225,7 +225,7 @@ class MySQLDialect(OrmDialect):
     json_max_depth = 31  # JSON_VALID, the CHECK of every JSON column, refuses 32
 
     def grant_point(self, alias: str, *, portable: bool) -> GrantPoint:
-        return MySQLGrantPoint(alias)
+        return MySQLGrantPoint(alias, self)
 
     def watermark_triggers(self, connection: BaseDatabaseWrapper) -> WatermarkTriggers:
         return MySQLWatermarkTriggers(connection)

@@ -220,7 +220,7 @@ class OrmDialect(Dialect):
     name = "orm"
 
     def grant_point(self, alias: str, *, portable: bool) -> GrantPoint:
-        return OrmGrantPoint(alias)
+        return OrmGrantPoint(alias, self)
 
     def watermark_triggers(self, connection: BaseDatabaseWrapper) -> WatermarkTriggers:
         raise WatermarksNotEnforced(

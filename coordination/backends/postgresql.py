@@ -57,6 +57,7 @@ from .base import (
     Acquired,
     Ended,
     GrantPoint,
+    IdleBound,
     Listener,
     LockSnapshot,
     TakenOver,
@@ -494,8 +495,8 @@ class PostgreSQLOrmGrantPoint(OrmGrantPoint):
 
     name = "orm"
 
-    def __init__(self, alias: str) -> None:
-        super().__init__(alias)
+    def __init__(self, alias: str, dialect: IdleBound) -> None:
+        super().__init__(alias, dialect)
         # One psycopg cursor per Django connection (per thread), for the
         # statements below; dropped with the connection object.
         self._cursors: WeakKeyDictionary[BaseDatabaseWrapper, Any] = WeakKeyDictionary()
@@ -888,7 +889,7 @@ class PostgreSQLDialect(Dialect):
     migration_sql = MIGRATION_SQL
 
     def grant_point(self, alias: str, *, portable: bool) -> GrantPoint:
-        return (PostgreSQLOrmGrantPoint if portable else PostgreSQLGrantPoint)(alias)
+        return (PostgreSQLOrmGrantPoint if portable else PostgreSQLGrantPoint)(alias, self)
 
     def watermark_triggers(self, connection: BaseDatabaseWrapper) -> WatermarkTriggers:
         return PostgreSQLWatermarkTriggers(connection)

@@ -139,7 +139,7 @@ class SQLiteDialect(OrmDialect):
     migration_sql = MIGRATION_SQL
 
     def grant_point(self, alias: str, *, portable: bool) -> GrantPoint:
-        return SQLiteGrantPoint(alias)
+        return SQLiteGrantPoint(alias, self)
 
     def watermark_triggers(self, connection: BaseDatabaseWrapper) -> WatermarkTriggers:
         return SQLiteWatermarkTriggers(connection)

@@ -5,7 +5,7 @@ copies were taken, byte for byte, so that editing today's triggers (in
 :mod:`coordination.backends.sqlite`) never changes what an old migration does.
 Never edit a copy. SQLite drops a table's triggers when a later migration
 rebuilds it: the ``post_migrate`` receiver puts today's back
-(:func:`coordination.watermarks.install_after_migrate`).
+(:func:`coordination.backends.triggers.install_after_migrate`).
 """
 
 # ruff: noqa: E501

@@ -12,7 +12,7 @@ from django.core.exceptions import FieldDoesNotExist
 from django.db import IntegrityError, connections, models, router, transaction
 from django.db.models import Q
 
-from .. import watermarks
+from ..backends import triggers
 from ..exceptions import StaleInstance
 from ..leases import Lease
 from ..logfields import LogFields
@@ -206,7 +206,7 @@ class FencedModel(models.Model):
             return super()._do_insert(manager, using, fields, returning_fields, raw)  # type: ignore[misc]
         connection = connections[using]
         if (
-            watermarks.insert_returns_restored(connection)
+            triggers.insert_returns_restored(connection)
             and connection.features.can_return_columns_from_insert
         ):
             # The INSERT returns the watermark the trigger started the row at.

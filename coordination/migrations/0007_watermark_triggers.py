@@ -3,7 +3,7 @@
 the ``post_migrate`` receiver raises ``WatermarksNotEnforced``).
 
 The FencedModel tables of every app get theirs from the post_migrate receiver
-(coordination.watermarks.install_after_migrate), which also reinstalls these
+(coordination.backends.triggers.install_after_migrate), which also reinstalls these
 after a later migration rebuilt the table (SQLite).
 """
 

@@ -35,8 +35,8 @@ from typing import Any
 from django.apps import apps
 from django.db import DatabaseError, connections, models, transaction
 
-from coordination import locks, watermarks
-from coordination.backends import postgresql
+from coordination import locks
+from coordination.backends import postgresql, triggers
 from coordination.backends.base import WAKE_UP_CHANNEL
 from coordination.conf import app_settings
 from coordination.exceptions import LockHeld
@@ -161,7 +161,7 @@ def bench_database(
             for model in bench_models():
                 editor.create_model(model)
         # As migrate leaves a real schema: the watermark triggers are part of what a write costs.
-        watermarks.install_for_models(connections[alias], bench_models())
+        triggers.install_for_models(connections[alias], bench_models())
         if vendor == "postgresql":
             postgresql.install_for_models(connections[alias])
             postgresql.leave_room_for_updates(connections[alias], Lock)

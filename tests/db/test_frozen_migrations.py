@@ -14,7 +14,7 @@ from django.apps import apps
 from django.db import connection, router, transaction
 
 from coordination import watermarks
-from coordination.backends import dialect_of, postgresql
+from coordination.backends import dialect_of, postgresql, triggers
 from coordination.backends.postgresql_frozen import MIGRATION_SQL
 
 pytestmark = [pytest.mark.django_db]
@@ -90,9 +90,9 @@ def test_migrate_ends_with_todays_watermark_triggers() -> None:
     # 0007 and 0008 ran their frozen triggers; the post_migrate receiver made
     # every one today's (it compares fingerprints and changes what differs).
     models = [model for model in apps.get_models() if router.allow_migrate_model("default", model)]
-    assert watermarks.missing(connection, watermarks.watermarks_of(models)) == []
+    assert triggers.missing(connection, watermarks.watermarks_of(models)) == []
     with transaction.atomic():
-        assert watermarks.install_for_models(connection) == []
+        assert triggers.install_for_models(connection) == []
         transaction.set_rollback(True)
 
 

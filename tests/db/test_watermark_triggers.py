@@ -22,6 +22,7 @@ from django.urls import reverse
 import coordination.restore as restore
 from coordination import fencing, locks, watermarks
 from coordination.admin import WATERMARK_FIELD
+from coordination.backends import triggers
 from coordination.checks import check_watermark_triggers
 from coordination.exceptions import DuplicateWrite, StaleToken, UnfencedWrite
 from coordination.models import Fence, Lock, TokenFloor
@@ -288,7 +289,7 @@ def test_the_token_floor_is_never_lowered() -> None:
     assert restore.raise_floor_to(10) == 40  # raising to less is no change
 
     assert TokenFloor.objects.value() == 40
-    assert watermarks.missing(connection, watermarks.watermarks_of([TokenFloor])) == []
+    assert triggers.missing(connection, watermarks.watermarks_of([TokenFloor])) == []
     assert locks.acquire("never-seen", holder="w", ttl=30).token == 41
 
 
@@ -374,7 +375,7 @@ def test_migrate_installs_the_trigger_of_a_model_in_another_app() -> None:
     assert triggers_on(ACCOUNTS) == ACCOUNT_TRIGGERS
     assert triggers_on("coordination_lock") == ["coordination_lock_watermark_not_lowered"]
     assert triggers_on("coordination_fence") == ["coordination_fence_watermark_not_lowered"]
-    assert watermarks.missing(connection, watermarks.watermarks_of([Account, Lock, Fence])) == []
+    assert triggers.missing(connection, watermarks.watermarks_of([Account, Lock, Fence])) == []
 
 
 def test_migrate_twice_changes_nothing_the_second_time() -> None:

@@ -20,7 +20,7 @@ from django.db import connection
 from django.utils.module_loading import import_string
 
 from coordination import watermarks
-from coordination.backends import DIALECTS, dialect_for_settings
+from coordination.backends import DIALECTS, dialect_for_settings, triggers
 from coordination.backends.base import GrantPoint
 from coordination.backends.dialect import Dialect, WatermarksNotEnforced
 from coordination.backends.mysql import MySQLGrantPoint
@@ -98,14 +98,14 @@ def test_an_unknown_database_gets_the_portable_dialect() -> None:
 def test_installing_watermarks_on_an_unknown_database_raises_and_says_why() -> None:
     watermark = watermarks.Watermark("shop_order", "id", ("fence", "fence_step"))
     with pytest.raises(WatermarksNotEnforced, match="rule 8") as raised:
-        watermarks.install(unknown_database(), [watermark])
+        triggers.install(unknown_database(), [watermark])
     assert "'other'" in str(raised.value)
     assert "coordination/backends/dialect.py" in str(raised.value)
 
 
 def test_nothing_to_guard_on_an_unknown_database_is_not_an_error() -> None:
-    assert watermarks.install(unknown_database(), []) == []
-    assert watermarks.insert_returns_restored(unknown_database()) is False
+    assert triggers.install(unknown_database(), []) == []
+    assert triggers.insert_returns_restored(unknown_database()) is False
 
 
 def test_the_check_of_an_unknown_database_says_watermarks_are_not_enforced() -> None:
