@@ -34,7 +34,7 @@ from .conf import app_settings
 from .exceptions import InvalidInput, LockHeld
 from .leases import Lease
 from .locks import database_now, release
-from .models import DatabaseNow, Lock, Ticket, validate_holder, validate_key
+from .models import DatabaseNow, Lock, validate_holder, validate_key
 from .waiting import Waiter, announce_grant, await_grant, grant_timings, wait_for_grant
 
 __all__ = [
@@ -152,22 +152,13 @@ def _attempt(
     queue = permit_queue(name)
     refuse_in_caller_transaction(backend.connection)  # before any read: InTransaction first
     if ticket is None:
-        _refuse_behind_waiters(backend, queue, None)
+        backend.refuse_behind_waiters(queue, None, "permit")
     refusal: LockHeld | None = None
     for key in _candidates(keys, alias):
         try:
             if ticket is None:
                 return backend.acquire(key, holder, ttl, delay, None)
-            with backend.transaction():
-                # The promotion guard first, before any row lock (as acquire_many).
-                backend.guard_promotion()
-                _refuse_behind_waiters(backend, queue, ticket)
-                acquired = backend.grant_in_transaction(key, holder, ttl, delay, None)
-                tickets = Ticket.objects.using(alias).filter(lock_key=queue)
-                tickets.filter(pk=ticket).delete()
-                if tickets.exists():
-                    backend.wake(queue)  # at commit: the next waiter is first now
-            return acquired
+            return backend.grant_in_turn(key, holder, ttl, delay, queue, ticket)
         except LockHeld as held:
             if held.key == queue:
                 raise  # queued behind other waiters: no slot is ours to try
@@ -177,20 +168,6 @@ def _attempt(
     if refusal is None:
         refusal = _all_held(name, len(keys), keys, alias)
     raise refusal
-
-
-def _refuse_behind_waiters(backend: GrantPoint, queue: str, ticket: int | None) -> None:
-    """Raise ``LockHeld`` if a live ticket of ``queue`` is ahead of ``ticket``
-    (every live ticket, without one). Expiry by the database clock (rule 11)."""
-    ahead = Ticket.objects.using(backend.alias).filter(lock_key=queue, expires_at__gt=DatabaseNow())
-    if ticket is not None:
-        ahead = ahead.filter(id__lt=ticket)
-    waiting = ahead.count()
-    if waiting:
-        raise LockHeld(
-            queue, f"{waiting} permit waiter(s) queued first", backend.now(),
-            float(app_settings.POLL_INTERVAL),
-        )
 
 
 async def aacquire_permit(

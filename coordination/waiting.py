@@ -24,7 +24,6 @@ and signals, :func:`announce_grant`).
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import logging
 import math
 import random
@@ -37,12 +36,13 @@ from typing import Any, NamedTuple, TypeVar, cast
 from django.db import InterfaceError, InternalError, OperationalError, connections
 
 from . import aio, signals
+from .backends import dialect_of
 from .backends.base import Acquired, GrantPoint, Listener
 from .conf import app_settings
 from .exceptions import GrantPointUnavailable, InvalidInput, LeaseLost, LockHeld
 from .leases import Lease
 from .logfields import LogFields
-from .models import Grant, Ticket
+from .models import Grant
 
 __all__ = [
     "Attempt",
@@ -239,8 +239,7 @@ class Waiter:
             # Gave up (or failed): leave the queue at once, and let the next
             # waiter know it may be first now.
             with suppress(Exception):
-                Ticket.objects.using(self.alias).filter(pk=self.ticket).delete()
-                self.backend.wake(self.key)
+                self.backend.leave_queue(self.key, self.ticket)
 
     def sleep(self, pause: float) -> None:
         if self.fair:
@@ -266,20 +265,12 @@ class Waiter:
             self.listening = None
 
     def _take_ticket(self) -> None:
-        now = self.backend.now()
-        tickets = Ticket.objects.using(self.alias)
-        # Tickets of crashed waiters hold nobody up once expired; clear them away.
-        tickets.filter(lock_key=self.key, expires_at__lte=now).delete()
-        expires_at = now + dt.timedelta(seconds=app_settings.TICKET_TTL)
-        ticket = tickets.create(lock_key=self.key, holder=self.holder, expires_at=expires_at)
-        self.ticket = ticket.pk
+        self.ticket = self.backend.take_ticket(self.key, self.holder)
         self._heartbeat_at = time.monotonic() + float(app_settings.TICKET_TTL) / 3
 
     def _heartbeat(self) -> None:
         assert self.ticket is not None
-        expires_at = self.backend.now() + dt.timedelta(seconds=app_settings.TICKET_TTL)
-        kept = Ticket.objects.using(self.alias).filter(pk=self.ticket).update(expires_at=expires_at)
-        if not kept:
+        if not self.backend.keep_ticket(self.ticket):
             # Expired and removed by nobody, or deleted: queue again, at the back.
             self._take_ticket()
         self._heartbeat_at = time.monotonic() + float(app_settings.TICKET_TTL) / 3
@@ -298,7 +289,7 @@ def grant_point_call(action: str, key: str, using: str | None) -> Iterator[None]
     except (OperationalError, InterfaceError, InternalError) as error:  # 25P03 is an InternalError
         alias = using or app_settings.DATABASE
         connection = connections[alias]
-        if connection.in_atomic_block or not _connection_lost(connection, error):
+        if connection.in_atomic_block or not dialect_of(connection).connection_lost(connection, error):
             raise  # the caller's transaction owns the connection; or a statement's own error
         with suppress(Exception):
             connection.close()
@@ -309,23 +300,6 @@ def grant_point_call(action: str, key: str, using: str | None) -> Iterator[None]
                if action == "acquire" else " Treat the lease as possibly lost."),
             action=action, key=key,
         ) from error
-
-
-# SQLSTATEs of a server that went away or is not the one to write to: class 08
-# (connection exception), and shut down / crashed / starting up (57P01-57P03);
-# and of a session the server ended for idling in a transaction (25P03) or at
-# all (57P05): a client paused inside a grant point transaction.
-_LOST = ("08", "57P01", "57P02", "57P03", "57P05", "25P03")
-
-
-def _connection_lost(connection: Any, error: BaseException) -> bool:
-    """True if ``error`` means the connection is gone (not, say, a deadlock or a
-    statement timeout, whose outcome is known: nothing was granted)."""
-    raw = connection.connection
-    if raw is None or getattr(raw, "closed", False):
-        return True
-    sqlstate = getattr(error.__cause__, "sqlstate", None)
-    return sqlstate is None or sqlstate.startswith(_LOST)
 
 
 # --- what every acquire shares -----------------------------------------------------

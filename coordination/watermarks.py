@@ -23,7 +23,6 @@ docs/operations-tools.md.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -49,7 +48,7 @@ __all__ = [
     "Watermark",
     "WatermarkField",
     "WatermarkTriggers",
-    "refusal",
+    "refusal_in_message",
     "rows_are_fences",
     "watermarks_of",
 ]
@@ -198,21 +197,12 @@ def watermarks_of(candidates: Iterable[type[models.Model]]) -> list[Watermark]:
     return list(found.values())
 
 
-def refusal(error: BaseException) -> Refusal | None:
-    """What a watermark trigger refused, if ``error`` is such a refusal; else None."""
-    diag = getattr(error.__cause__, "diag", None)
-    constraint = getattr(diag, "constraint_name", None)
-    if constraint in _RULES:
-        try:
-            detail = json.loads(getattr(diag, "message_detail", None) or "")
-            return Refusal(
-                constraint, str(detail["table"]), detail["pk"],
-                tuple(int(value) for value in detail["old"]),
-                tuple(int(value) for value in detail["new"]),
-            )
-        except (ValueError, KeyError, TypeError):
-            return Refusal(constraint, str(getattr(diag, "table_name", "") or ""))
-    # MySQLdb's error is (errno, message).
+def refusal_in_message(error: BaseException) -> Refusal | None:
+    """What a watermark trigger refused, read from ``error``'s message (which each
+    backend's trigger starts with the rule and the table); None if it is no
+    refusal. The backends read more where their errors carry it
+    (``Dialect.watermark_refusal``)."""
+    # A driver whose error is (errno, message) keeps the message second.
     args: tuple[Any, ...] = getattr(error, "args", ())
     found = _MESSAGE.match(str(args[1]) if len(args) == 2 else str(error))
     if found is None:

@@ -35,13 +35,14 @@ from ..models import (
     MAX_TOKEN,
     DatabaseNow,
     Grant,
-    GrantEnd,
     GrantMode,
     Lock,
     Ticket,
     TokenFloor,
     lease_matches,
 )
+from .outcomes import Acquired, Ended, TakenOver
+from .queue import FairQueue
 
 __all__ = [
     "WAKE_UP_CHANNEL",
@@ -194,31 +195,6 @@ def new_lease_id() -> str:
     return secrets.token_urlsafe(32)
 
 
-class TakenOver(NamedTuple):
-    """The lease an acquire found expired and closed (unknown fields are None)."""
-
-    token: int | None
-    holder: str | None
-    acquired_at: dt.datetime | None
-    expired_at: dt.datetime | None
-
-
-class Acquired(NamedTuple):
-    """One granted acquire: the holder's lease, and the expired lease it took over."""
-
-    lease: Lease
-    taken_over: TakenOver | None
-
-
-class Ended(NamedTuple):
-    """How a release ended a lease. ``expired_at`` is set when the lease had run
-    out before the release came (the release then freed the lock as expired)."""
-
-    reason: GrantEnd
-    ended_at: dt.datetime
-    expired_at: dt.datetime | None
-
-
 # --- the caller's transaction -------------------------------------------------------
 
 
@@ -310,7 +286,7 @@ class IdleBound(Protocol):
         ...
 
 
-class GrantPoint(abc.ABC):
+class GrantPoint(FairQueue):
     """A grant point on one database alias: the base class of the backends.
 
     Every method that changes a lock does it in one atomic state change of the

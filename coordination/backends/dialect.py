@@ -45,6 +45,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Model, QuerySet
 
+from ..watermarks import Refusal, refusal_in_message
+
 if TYPE_CHECKING:
     from ..watermarks import WatermarkTriggers
     from .base import GrantPoint
@@ -132,6 +134,29 @@ class Dialect(abc.ABC):
     def replication(self, connection: BaseDatabaseWrapper) -> Replication | None:
         """The database's replicas as it reports them, or None (no such notion).
         Raises ``DatabaseError`` if the database cannot be asked."""
+
+    # --- reading a database's errors (portable defaults; a backend refines them) ---
+
+    def connection_lost(self, connection: BaseDatabaseWrapper, error: BaseException) -> bool:
+        """Whether ``error`` means ``connection`` is gone (the outcome of the call is
+        unknown), not a statement's own error (a deadlock, a timeout: nothing was
+        granted). By default every such error of an open connection counts as lost."""
+        raw = connection.connection
+        return raw is None or bool(getattr(raw, "closed", False)) or self._lost(error)
+
+    def _lost(self, error: BaseException) -> bool:
+        return True
+
+    def ended_for_idling(self, error: BaseException) -> bool:
+        """Whether the server ended ``error``'s session for idling in a transaction
+        (:meth:`bound_idle_transaction`). Never, where the database has no bound."""
+        return False
+
+    def watermark_refusal(self, error: BaseException) -> Refusal | None:
+        """What a watermark trigger refused, if ``error`` is such a refusal: by
+        default read from the error's message, which the triggers of every
+        backend start with the rule and the table."""
+        return refusal_in_message(error)
 
     def after_migrate(self, connection: BaseDatabaseWrapper) -> list[str]:
         """Bring the app's tables on ``connection`` to what this database needs, after

@@ -242,26 +242,13 @@ def _idle_bounded(alias: str, seconds: float | None) -> Iterator[None]:
     try:
         yield
     except DatabaseError as error:
-        if seconds is None or not _ended_for_idling(error):
+        if seconds is None or not dialect_of(connections[alias]).ended_for_idling(error):
             raise
         connections[alias].close()  # the server closed it; Django's handle is unusable
         raise LeaseLost(
             f"the fence's transaction sat idle for more than {seconds:g} s (a paused or hung "
             "holder), so the database ended it: nothing in it was written"
         ) from error
-
-
-def _ended_for_idling(error: BaseException) -> bool:
-    """Whether ``error`` (or its cause) says the server ended an idle transaction's session.
-
-    The server sends SQLSTATE 25P03 before it closes the connection; a client
-    that wakes up later may instead only see the connection gone."""
-    seen: BaseException | None = error
-    while seen is not None:
-        if getattr(seen, "sqlstate", None) == "25P03" or "idle-in-transaction" in str(seen):
-            return True
-        seen = seen.__cause__
-    return False
 
 
 def _new_fence_keys(names: list[str], by_key: Mapping[str, Lease]) -> Callable[[str], str]:

@@ -7,11 +7,11 @@ import logging
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
-from django.db import DatabaseError, IntegrityError, models
+from django.db import DatabaseError, IntegrityError, connections, models
 from django.db.models import F, Value
 
 from .. import signals, watermarks
-from ..backends import get_backend
+from ..backends import dialect_of, get_backend
 from ..conf import app_settings
 from ..exceptions import CoordinationError, DuplicateWrite, StaleToken, UnfencedWrite
 from ..leases import Lease
@@ -85,7 +85,7 @@ def explain_refusal(
     set, to find the one refused.
     """
     model: Any = rows.model
-    refusal = watermarks.refusal(error)
+    refusal = dialect_of(connections[rows.db]).watermark_refusal(error)
     # The watermark's table: a multi-table child keeps it in its parent's.
     if refusal is None or refusal.table != model._meta.get_field("fence").model._meta.db_table:
         return None

@@ -13,7 +13,7 @@ from coordination import locks
 from coordination.backends import get_backend
 from coordination.backends.base import format_sql
 from coordination.backends.postgresql import ACQUIRE
-from coordination.backends.postgresql_calls import statement_name
+from coordination.backends.postgresql.calls import statement_name
 from coordination.exceptions import LeaseLost
 from coordination.leases import Lease
 from coordination.models import Grant, GrantEnd, Lock

@@ -2,7 +2,7 @@
 with exactly today's functions.
 
 The test database was made by ``migrate``, whose steps ran their frozen copies
-(``coordination.backends.postgresql_frozen``). Re-creating the functions with
+(``coordination.backends.postgresql.frozen``). Re-creating the functions with
 today's installer must change none of their definitions: if today's SQL moved
 on, a new migration must freeze and run it.
 """
@@ -15,7 +15,7 @@ from django.db import connection, router, transaction
 
 from coordination import watermarks
 from coordination.backends import dialect_of, postgresql, triggers
-from coordination.backends.postgresql_frozen import MIGRATION_SQL
+from coordination.backends.postgresql.frozen import MIGRATION_SQL
 
 pytestmark = [pytest.mark.django_db]
 

@@ -1,5 +1,5 @@
 """The grant point's calls sent as prepared statements on the libpq handle
-(coordination/backends/postgresql_calls.py) return what the cursor returns,
+(coordination/backends/postgresql/calls.py) return what the cursor returns,
 are prepared from their second use under their own name, and leave anything
 they cannot send in text form to the cursor."""
 
@@ -15,7 +15,7 @@ from coordination import locks
 from coordination.backends import get_backend
 from coordination.backends.base import WAKE_UP_CHANNEL, format_sql
 from coordination.backends.postgresql import ACQUIRE, RELEASE
-from coordination.backends.postgresql_calls import (
+from coordination.backends.postgresql.calls import (
     DIRECT,
     PreparedCalls,
     statement_name,

@@ -22,7 +22,7 @@ from django.urls import reverse
 import coordination.restore as restore
 from coordination import fencing, locks, watermarks
 from coordination.admin import WATERMARK_FIELD
-from coordination.backends import triggers
+from coordination.backends import dialect_of, triggers
 from coordination.checks import check_watermark_triggers
 from coordination.exceptions import DuplicateWrite, StaleToken, UnfencedWrite
 from coordination.models import Fence, Lock, TokenFloor
@@ -234,13 +234,14 @@ def test_refusal_reads_the_constraint_table_and_values() -> None:
     with pytest.raises(IntegrityError) as refused:
         raw_update(f"UPDATE {ACCOUNTS} SET fence = 1 WHERE id = %s", account.pk)
 
-    found = watermarks.refusal(refused.value)
+    found = dialect_of(connection).watermark_refusal(refused.value)
 
     assert found is not None
     assert (found.constraint, found.table, found.strict) == (watermarks.NOT_LOWERED, ACCOUNTS, False)
     if connection.vendor == "postgresql":
         assert (found.pk, found.old, found.new) == (account.pk, (3, 2), (1, 2))
-    assert watermarks.refusal(IntegrityError("NOT NULL constraint failed: demo_account.fence")) is None
+    not_a_refusal = IntegrityError("NOT NULL constraint failed: demo_account.fence")
+    assert dialect_of(connection).watermark_refusal(not_a_refusal) is None
 
 
 def test_raising_the_watermark_or_leaving_it_alone_is_allowed_on_every_path() -> None:

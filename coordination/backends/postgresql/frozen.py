@@ -13,7 +13,7 @@ Copies repeat where migrations re-created the same functions.
 
 from collections.abc import Mapping
 
-from .dialect import FrozenSQL
+from ..dialect import FrozenSQL
 
 DROP_ACQUIRE = 'DROP FUNCTION IF EXISTS coordination_acquire(text, text, text, double precision, double precision, bigint, bigint)'
 
