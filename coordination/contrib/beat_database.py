@@ -41,7 +41,7 @@ from django_celery_beat.schedulers import DatabaseScheduler
 
 from ..conf import app_settings
 from ..models import BeatSlot
-from .beat import FencedScheduler
+from .beat_scheduler import FencedScheduler
 
 __all__ = ["FencedDatabaseScheduler"]
 
