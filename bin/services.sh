@@ -292,6 +292,52 @@ EOF
     fi
 }
 
+# _svc_start_on_free_port LABEL KIND PORT_VAR GIVEN OURS START STARTED REUSED: the one
+# search every server's start makes. From the port in PORT_VAR on: reuse the server of
+# ours that answers there (then run REUSED), else start one with START where the port
+# is free (then STARTED NAME records it), else try the next port; a GIVEN port is used
+# as given (port_taken if it is not). Sets _SVC_NAME (KIND-port) and leaves its mutex
+# held for the caller's _svc_register_user; PORT_VAR holds the port chosen.
+_svc_start_on_free_port() {
+    local label=$1 kind=$2 port_var=$3 given=$4 ours=$5 start=$6 started=$7 reused=$8
+    local tries outcome
+    for ((tries = 0; ; tries++)); do
+        _SVC_NAME="$kind-${!port_var}"
+        _svc_mutex_acquire "$_SVC_NAME"
+        if "$ours"; then
+            info "$label: reusing ours on port ${!port_var}"
+            "$reused"
+            return 0
+        fi
+        if port_free "${!port_var}"; then
+            outcome=0
+            "$start" || outcome=$?
+            if ((outcome == 0)); then
+                "$started" "$_SVC_NAME"
+                return 0
+            fi
+        fi
+        _svc_mutex_release
+        [[ -z $given ]] || port_taken "$port_var"
+        ((tries < _SVC_PORT_TRIES)) || die "$label: no free port from $((${!port_var} - tries))"
+        info "$label: port ${!port_var} is taken by another process; trying the next one"
+        printf -v "$port_var" '%d' $((${!port_var} + 1))
+    done
+}
+
+_pg_started() { _svc_record_server "$1" "$(head -n 1 "$_PG_DATA/postmaster.pid")"; }
+_pg_reused() {
+    info "PostgreSQL: data in $_PG_DATA"
+    if [[ -z "$(_pg_psql postgres "select 1 from pg_database where datname = 'coordination'")" ]]; then
+        _pg_psql postgres "create database coordination" || die "could not create database coordination"
+    fi
+}
+_redis_started() { _svc_record_server "$1" "$(_redis_pid)"; }
+_mariadb_started() {
+    _svc_record_server "$1" "$(cat "$_MARIADB_ROOT/mysqld.pid")"
+    printf '%s\n' "$_MARIADB_ROOT" >"$_SVC_SHARED_DIR/$1.root"
+}
+
 start_postgres() {
     if [[ -n "${COORDINATION_TEST_DATABASE_URL:-}" ]]; then
         info "PostgreSQL: using COORDINATION_TEST_DATABASE_URL from the environment"
@@ -307,32 +353,10 @@ start_postgres() {
     done
     command -v flock >/dev/null || die "flock missing: apt-get install util-linux"
 
-    local name tries
     _PG_DATA=""
-    for ((tries = 0; ; tries++)); do
-        name="pg-$COORDINATION_PG_PORT"
-        _svc_mutex_acquire "$name"
-        if _pg_ours; then
-            info "PostgreSQL: reusing ours on port $COORDINATION_PG_PORT ($_PG_DATA)"
-            if [[ -z "$(_pg_psql postgres "select 1 from pg_database where datname = 'coordination'")" ]]; then
-                _pg_psql postgres "create database coordination" || die "could not create database coordination"
-            fi
-            break
-        fi
-        if port_free "$COORDINATION_PG_PORT"; then
-            local started=0
-            _pg_start_new || started=$?
-            if ((started == 0)); then
-                _svc_record_server "$name" "$(head -n 1 "$_PG_DATA/postmaster.pid")"
-                break
-            fi
-        fi
-        _svc_mutex_release
-        [[ -z $_SVC_PG_PORT_GIVEN ]] || port_taken COORDINATION_PG_PORT
-        ((tries < _SVC_PORT_TRIES)) || die "PostgreSQL: no free port from $((COORDINATION_PG_PORT - tries))"
-        info "PostgreSQL: port $COORDINATION_PG_PORT is taken by another process; trying the next one"
-        COORDINATION_PG_PORT=$((COORDINATION_PG_PORT + 1))
-    done
+    _svc_start_on_free_port PostgreSQL pg COORDINATION_PG_PORT "$_SVC_PG_PORT_GIVEN" \
+        _pg_ours _pg_start_new _pg_started _pg_reused
+    local name=$_SVC_NAME
     _svc_register_user "$name"
     _svc_mutex_release
     on_exit _stop_postgres
@@ -435,29 +459,10 @@ start_redis() {
        or point COORDINATION_TEST_REDIS_URL at a Redis you already run."
     command -v flock >/dev/null || die "flock missing: apt-get install util-linux"
 
-    local name tries
     _REDIS_STARTED=0
-    for ((tries = 0; ; tries++)); do
-        name="redis-$COORDINATION_REDIS_PORT"
-        _svc_mutex_acquire "$name"
-        if _redis_ours; then
-            info "Redis: reusing ours on port $COORDINATION_REDIS_PORT"
-            break
-        fi
-        if port_free "$COORDINATION_REDIS_PORT"; then
-            local started=0
-            _redis_start_new || started=$?
-            if ((started == 0)); then
-                _svc_record_server "$name" "$(_redis_pid)"
-                break
-            fi
-        fi
-        _svc_mutex_release
-        [[ -z $_SVC_REDIS_PORT_GIVEN ]] || port_taken COORDINATION_REDIS_PORT
-        ((tries < _SVC_PORT_TRIES)) || die "Redis: no free port from $((COORDINATION_REDIS_PORT - tries))"
-        info "Redis: port $COORDINATION_REDIS_PORT is taken by another process; trying the next one"
-        COORDINATION_REDIS_PORT=$((COORDINATION_REDIS_PORT + 1))
-    done
+    _svc_start_on_free_port Redis redis COORDINATION_REDIS_PORT "$_SVC_REDIS_PORT_GIVEN" \
+        _redis_ours _redis_start_new _redis_started :
+    local name=$_SVC_NAME
     _svc_register_user "$name"
     _svc_mutex_release
     on_exit _stop_redis
@@ -570,29 +575,9 @@ start_mariadb() {
        or point COORDINATION_TEST_MARIADB_URL at a MariaDB you already run."
     command -v flock >/dev/null || die "flock missing: apt-get install util-linux"
 
-    local name tries started
-    for ((tries = 0; ; tries++)); do
-        name="mariadb-$COORDINATION_MARIADB_PORT"
-        _svc_mutex_acquire "$name"
-        if _mariadb_ours; then
-            info "MariaDB: reusing ours on port $COORDINATION_MARIADB_PORT"
-            break
-        fi
-        if port_free "$COORDINATION_MARIADB_PORT"; then
-            started=0
-            _mariadb_start_new || started=$?
-            if ((started == 0)); then
-                _svc_record_server "$name" "$(cat "$_MARIADB_ROOT/mysqld.pid")"
-                printf '%s\n' "$_MARIADB_ROOT" >"$_SVC_SHARED_DIR/$name.root"
-                break
-            fi
-        fi
-        _svc_mutex_release
-        [[ -z $_SVC_MARIADB_PORT_GIVEN ]] || port_taken COORDINATION_MARIADB_PORT
-        ((tries < _SVC_PORT_TRIES)) || die "MariaDB: no free port from $((COORDINATION_MARIADB_PORT - tries))"
-        info "MariaDB: port $COORDINATION_MARIADB_PORT is taken by another process; trying the next one"
-        COORDINATION_MARIADB_PORT=$((COORDINATION_MARIADB_PORT + 1))
-    done
+    _svc_start_on_free_port MariaDB mariadb COORDINATION_MARIADB_PORT "$_SVC_MARIADB_PORT_GIVEN" \
+        _mariadb_ours _mariadb_start_new _mariadb_started :
+    local name=$_SVC_NAME
     _svc_register_user "$name"
     _svc_mutex_release
     on_exit _stop_mariadb
