@@ -34,6 +34,7 @@ __all__ = [
     "FencedScheduler",
     "claim_slot",
     "current_slot",
+    "latest_due",
     "mark_sent",
     "next_due",
     "once_per_slot",
