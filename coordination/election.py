@@ -118,7 +118,7 @@ class Leadership:
     def __init__(
         self,
         role: str,
-        lease: Lease,
+        grant: Lease,
         *,
         ttl: float,
         keepalive: bool = True,
@@ -126,7 +126,7 @@ class Leadership:
         using: str | None = None,
     ) -> None:
         self.role = role
-        self.lease = lease
+        self.lease = grant
         self.ttl = ttl
         self.using = using
         self._callbacks: list[OnLost] = [] if on_lost is None else [on_lost]
@@ -135,7 +135,7 @@ class Leadership:
         self._callbacks_lock = threading.Lock()
         self._called = False
         signals.lock_lost.connect(self._on_lock_lost, sender=Grant, weak=False)
-        self._keeper = KeepAlive(lease, ttl=ttl, using=using).start() if keepalive else None
+        self._keeper = KeepAlive(grant, ttl=ttl, using=using).start() if keepalive else None
 
     def __repr__(self) -> str:
         state = "resigned" if self._resigned else "lost" if self.lost else "leading"

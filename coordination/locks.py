@@ -265,8 +265,8 @@ def hold(
 class _Reentry:
     __slots__ = ("count", "execution", "lease")
 
-    def __init__(self, lease: Lease, execution: tuple[int, int]) -> None:
-        self.lease, self.execution, self.count = lease, execution, 1
+    def __init__(self, grant: Lease, execution: tuple[int, int]) -> None:
+        self.lease, self.execution, self.count = grant, execution, 1
 
 
 _reentries: contextvars.ContextVar[dict[tuple[str, str], _Reentry] | None] = (
@@ -315,15 +315,15 @@ def _reenter(key: str, holder: str, using: str | None) -> Lease | None:
     return lease
 
 
-def _still_live(lease: Lease, using: str | None) -> bool:
-    """Whether ``lease`` is its lock's live lease by the database clock (rule 11 of
+def _still_live(grant: Lease, using: str | None) -> bool:
+    """Whether ``grant`` is its lock's live lease by the database clock (rule 11 of
     docs/rules.md): one read, so that a lease left behind by a caller that never
     released it (a thread of a pool runs many jobs) is not handed out again."""
     return (
         Lock.objects.using(_alias(using))
         .filter(
-            key=lease.key, token=lease.token, holder=lease.holder,
-            lease_hash=hash_lease_id(lease.lease_id), expires_at__gt=DatabaseNow(),
+            key=grant.key, token=grant.token, holder=grant.holder,
+            lease_hash=hash_lease_id(grant.lease_id), expires_at__gt=DatabaseNow(),
         )
         .exists()
     )

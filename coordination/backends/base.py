@@ -154,33 +154,33 @@ def next_token(lock: LockSnapshot, floor: int) -> int:
     return max(lock.token, floor) + 1
 
 
-def is_current_lease(lock: LockSnapshot, lease: Lease) -> bool:
-    """Whether ``lease`` is the lock's current lease (held or expired), by token and secret."""
+def is_current_lease(lock: LockSnapshot, grant: Lease) -> bool:
+    """Whether ``grant`` is the lock's current lease (held or expired), by token and secret."""
     return (
         bool(lock.holder)
-        and lock.token == lease.token
-        and lease_matches(lock.lease_hash, lease.lease_id)
+        and lock.token == grant.token
+        and lease_matches(lock.lease_hash, grant.lease_id)
     )
 
 
-def lease_refusal(lock: LockSnapshot, lease: Lease, now: dt.datetime) -> LeaseLost | None:
-    """Why ``lease`` is not ``lock``'s live lease at database time ``now``, or None if it is."""
+def lease_refusal(lock: LockSnapshot, grant: Lease, now: dt.datetime) -> LeaseLost | None:
+    """Why ``grant`` is not ``lock``'s live lease at database time ``now``, or None if it is."""
     if not lock.holder:
         return LeaseLost(
-            f"lock {lock.key!r} is free: the lease of token {lease.token} was released "
+            f"lock {lock.key!r} is free: the lease of token {grant.token} was released "
             "or revoked"
         )
-    if lock.token != lease.token:
+    if lock.token != grant.token:
         return LeaseLost(
             f"lock {lock.key!r} was taken over: token {lock.token} ({lock.holder}) is "
-            f"current, not {lease.token}"
+            f"current, not {grant.token}"
         )
-    if not lease_matches(lock.lease_hash, lease.lease_id):
-        return LeaseLost(f"lease_id does not match the lease of {lock.key!r} token {lease.token}")
+    if not lease_matches(lock.lease_hash, grant.lease_id):
+        return LeaseLost(f"lease_id does not match the lease of {lock.key!r} token {grant.token}")
     assert lock.expires_at is not None
     if lock.expires_at <= now:
         return LeaseLost(
-            f"lease of {lock.key!r} token {lease.token} expired at "
+            f"lease of {lock.key!r} token {grant.token} expired at "
             f"{lock.expires_at.isoformat()} (database time)"
         )
     return None
@@ -367,34 +367,34 @@ class GrantPoint(FairQueue):
                 for key in ordered
             ]
 
-    def renew(self, lease: Lease, ttl: float) -> dt.datetime:
-        """Move the live ``lease``'s end to ``ttl`` seconds from now; return the new end.
+    def renew(self, grant: Lease, ttl: float) -> dt.datetime:
+        """Move the live ``grant``'s end to ``ttl`` seconds from now; return the new end.
 
         A writer's lease is renewed by :meth:`renew_exclusive`, a reader's by
         :meth:`renew_shared`. Raises ``LeaseLost`` if it is not a live lease.
         """
-        if lease.mode == GrantMode.SHARED:
-            return self.renew_shared(lease, ttl)
-        return self.renew_exclusive(lease, ttl)
+        if grant.mode == GrantMode.SHARED:
+            return self.renew_shared(grant, ttl)
+        return self.renew_exclusive(grant, ttl)
 
-    def release(self, lease: Lease) -> Ended:
-        """End ``lease``, a writer's (:meth:`release_exclusive`) or a reader's
+    def release(self, grant: Lease) -> Ended:
+        """End ``grant``, a writer's (:meth:`release_exclusive`) or a reader's
         (:meth:`release_shared`); never another holder's lease. Raises ``LeaseLost``
         if it is not a current lease (after ending it as expired, if it ran out)."""
-        if lease.mode == GrantMode.SHARED:
-            return self.release_shared(lease)
-        return self.release_exclusive(lease)
+        if grant.mode == GrantMode.SHARED:
+            return self.release_shared(grant)
+        return self.release_exclusive(grant)
 
     @abc.abstractmethod
-    def renew_exclusive(self, lease: Lease, ttl: float) -> dt.datetime:
-        """Move the live writer ``lease``'s end to ``ttl`` seconds from now; return the new end.
+    def renew_exclusive(self, grant: Lease, ttl: float) -> dt.datetime:
+        """Move the live writer ``grant``'s end to ``ttl`` seconds from now; return the new end.
 
         Raises the :func:`lease_refusal` (``LeaseLost``) if it is not the live lease.
         """
 
     @abc.abstractmethod
-    def release_exclusive(self, lease: Lease) -> Ended:
-        """End the writer ``lease`` and free its lock; never a newer holder's lease.
+    def release_exclusive(self, grant: Lease) -> Ended:
+        """End the writer ``grant`` and free its lock; never a newer holder's lease.
 
         Raises ``LeaseLost`` if it is not the lock's current lease. A current
         lease that has expired is still ended (as expired) and its lock freed;
@@ -422,11 +422,11 @@ class GrantPoint(FairQueue):
         a fair waiter is ahead, no token left)."""
 
     @abc.abstractmethod
-    def renew_shared(self, lease: Lease, ttl: float) -> dt.datetime:
+    def renew_shared(self, grant: Lease, ttl: float) -> dt.datetime:
         """:meth:`renew` of a reader's lease (and of its group's with it)."""
 
     @abc.abstractmethod
-    def release_shared(self, lease: Lease) -> Ended:
+    def release_shared(self, grant: Lease) -> Ended:
         """:meth:`release` of a reader's lease; the last reader's frees the lock."""
 
     # --- the database clock ----------------------------------------------------

@@ -100,35 +100,35 @@ class OrmGrantPoint(SharedLeases):
         )
         return Acquired(lease, taken_over)
 
-    def renew_exclusive(self, lease: Lease, ttl: float) -> dt.datetime:
+    def renew_exclusive(self, grant: Lease, ttl: float) -> dt.datetime:
         alias = self.alias
         with self.transaction():
-            lock = self._locked_row(lease.key)
+            lock = self._locked_row(grant.key)
             if lock is None:
-                raise never_granted(lease.key)
+                raise never_granted(grant.key)
             now = self.now()
-            refusal = lease_refusal(LockSnapshot.of(lock), lease, now)
+            refusal = lease_refusal(LockSnapshot.of(lock), grant, now)
             if refusal is not None:
                 raise refusal
             expires_at = now + dt.timedelta(seconds=ttl)
             Lock.objects.using(alias).filter(pk=lock.pk).update(expires_at=expires_at)
-            Grant.objects.using(alias).filter(lock_id=lock.pk, token=lease.token).update(
+            Grant.objects.using(alias).filter(lock_id=lock.pk, token=grant.token).update(
                 expires_at=expires_at
             )
         return expires_at
 
-    def release_exclusive(self, lease: Lease) -> Ended:
+    def release_exclusive(self, grant: Lease) -> Ended:
         with self.transaction():
-            lock = self._locked_row(lease.key)
+            lock = self._locked_row(grant.key)
             if lock is None:
-                raise never_granted(lease.key)
+                raise never_granted(grant.key)
             now = self.now()
             snapshot = LockSnapshot.of(lock)
-            refusal = lease_refusal(snapshot, lease, now)
+            refusal = lease_refusal(snapshot, grant, now)
             expired_at: dt.datetime | None = None
             if refusal is None:
                 reason, ended_at = GrantEnd.RELEASED, now
-            elif is_current_lease(snapshot, lease) and lock.expires_at is not None:
+            elif is_current_lease(snapshot, grant) and lock.expires_at is not None:
                 # It ran out and nobody took the lock since: free it, as expired.
                 expired_at = lock.expires_at
                 reason, ended_at = GrantEnd.EXPIRED, expired_at
@@ -138,7 +138,7 @@ class OrmGrantPoint(SharedLeases):
             # Announce only while a waiter said it waits (on the row this
             # transaction locked), as the PostgreSQL function does.
             if lock.wake_until is not None and lock.wake_until > now:
-                self.wake(lease.key)
+                self.wake(grant.key)
         return Ended(reason, ended_at, expired_at)
 
     def revoke(self, key: str) -> Grant | None:

@@ -156,14 +156,14 @@ class SharedLeases(GrantPoint):
         return Acquired(lease, taken_over)
 
 
-    def renew_shared(self, lease: Lease, ttl: float) -> dt.datetime:
-        """Move the live reader ``lease``'s end to ``ttl`` seconds from now, and the
+    def renew_shared(self, grant: Lease, ttl: float) -> dt.datetime:
+        """Move the live reader ``grant``'s end to ``ttl`` seconds from now, and the
         group's with it. Raises ``LeaseLost`` if the reader's lease is not live:
         released, expired, or its group ended (revoked, or taken over by a writer
         after every reader's lease ran out)."""
         alias = self.alias
         with self.transaction():
-            lock, now, own, refusal = _reader_state(self, lease)
+            lock, now, own, refusal = _reader_state(self, grant)
             if refusal is not None:
                 raise refusal
             assert own is not None  # no refusal: the reader's own row was found
@@ -178,8 +178,8 @@ class SharedLeases(GrantPoint):
         return expires_at
 
 
-    def release_shared(self, lease: Lease) -> Ended:
-        """End the reader ``lease``; the last reader's release frees the lock (and
+    def release_shared(self, grant: Lease) -> Ended:
+        """End the reader ``grant``; the last reader's release frees the lock (and
         wakes its waiters). Never ends another reader's lease or a writer's.
 
         Raises ``LeaseLost`` if the lease is not live; its Grant row, if still
@@ -189,8 +189,8 @@ class SharedLeases(GrantPoint):
         """
         alias = self.alias
         with self.transaction():
-            lock, now, own, refusal = _reader_state(self, lease)
-            if own is None or own.ended_at is not None or not lease_matches(own.lease_hash, lease.lease_id):
+            lock, now, own, refusal = _reader_state(self, grant)
+            if own is None or own.ended_at is not None or not lease_matches(own.lease_hash, grant.lease_id):
                 assert refusal is not None
                 raise refusal
             expired_at: dt.datetime | None = None
@@ -221,7 +221,7 @@ class SharedLeases(GrantPoint):
                         delay_until=delay_until,
                     )
                     if lock.wake_until is not None and lock.wake_until > now:
-                        self.wake(lease.key)
+                        self.wake(grant.key)
         if reason == GrantEnd.REVOKED:
             assert refusal is not None
             raise refusal
@@ -241,23 +241,23 @@ class SharedLeases(GrantPoint):
 
 
 def _reader_state(
-    point: SharedLeases, lease: Lease
+    point: SharedLeases, grant: Lease
 ) -> tuple[Lock, dt.datetime, Grant | None, LeaseLost | None]:
     """Inside the grant point's transaction: the reader's key row (locked), the
     database time, the reader's own Grant row, and why the reader is not live
     (None if it is)."""
-    lock = point._locked_row(lease.key)
+    lock = point._locked_row(grant.key)
     if lock is None:
-        raise never_granted(lease.key)
+        raise never_granted(grant.key)
     now = point.now()
-    own = _own_grant(point, lock, lease)
-    return lock, now, own, _reader_refusal(lock, own, lease, now)
+    own = _own_grant(point, lock, grant)
+    return lock, now, own, _reader_refusal(lock, own, grant, now)
 
 
-def _own_grant(point: SharedLeases, lock: Lock, lease: Lease) -> Grant | None:
+def _own_grant(point: SharedLeases, lock: Lock, grant: Lease) -> Grant | None:
     return (
         Grant.objects.using(point.alias)
-        .filter(lock_id=lock.pk, token=lease.token, mode=GrantMode.SHARED)
+        .filter(lock_id=lock.pk, token=grant.token, mode=GrantMode.SHARED)
         .first()
     )
 
@@ -273,19 +273,19 @@ def _live_readers(point: SharedLeases, lock: Lock, now: dt.datetime) -> tuple[in
 
 
 def _reader_refusal(
-    lock: Lock, own: Grant | None, lease: Lease, now: dt.datetime
+    lock: Lock, own: Grant | None, grant: Lease, now: dt.datetime
 ) -> LeaseLost | None:
-    """Why the reader ``lease`` is not live at database time ``now``, or None if it is."""
+    """Why the reader ``grant`` is not live at database time ``now``, or None if it is."""
     key = lock.key
-    if own is None or not lease_matches(own.lease_hash, lease.lease_id):
-        return LeaseLost(f"no shared lease of {key!r} has token {lease.token} and this lease_id")
+    if own is None or not lease_matches(own.lease_hash, grant.lease_id):
+        return LeaseLost(f"no shared lease of {key!r} has token {grant.token} and this lease_id")
     if own.ended_at is not None:
         return LeaseLost(
-            f"the shared lease of {key!r} token {lease.token} ended ({own.end_reason})"
+            f"the shared lease of {key!r} token {grant.token} ended ({own.end_reason})"
         )
     if own.expires_at <= now:
         return LeaseLost(
-            f"shared lease of {key!r} token {lease.token} expired at "
+            f"shared lease of {key!r} token {grant.token} expired at "
             f"{own.expires_at.isoformat()} (database time)"
         )
     if not held_by_readers(lock):

@@ -216,9 +216,9 @@ class GrantQuerySet(models.QuerySet["Grant"]):
     def ended(self) -> GrantQuerySet:
         return self.filter(ended_at__isnull=False)
 
-    def of(self, lease: Lease) -> GrantQuerySet:
-        """The row recording ``lease`` (its key and token)."""
-        return self.filter(lock__key=lease.key, token=lease.token)
+    def of(self, grant: Lease) -> GrantQuerySet:
+        """The row recording ``grant`` (its key and token)."""
+        return self.filter(lock__key=grant.key, token=grant.token)
 
 
 class Grant(models.Model):

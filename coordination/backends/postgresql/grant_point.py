@@ -281,21 +281,21 @@ class PostgreSQLGrantPoint(PostgreSQLOrmGrantPoint):
         )
         return Acquired(lease, taken_over)
 
-    def release_exclusive(self, lease: Lease) -> Ended:
+    def release_exclusive(self, grant: Lease) -> Ended:
         refuse_in_caller_transaction(self.connection)
         released, now, ended_at, end_reason, lock_id, token, holder, lease_hash, expires_at = (
             self.call(RELEASE, (
-                lease.key, lease.token, hash_lease_id(lease.lease_id),
+                grant.key, grant.token, hash_lease_id(grant.lease_id),
                 bool(app_settings.WAKE_UPS), WAKE_UP_CHANNEL,
             ))
         )
         if not released:
             # Not the current lease: say precisely why, as the ORM path does.
             if lock_id is None:
-                raise never_granted(lease.key)
-            snapshot = LockSnapshot(lease.key, token, holder, lease_hash, expires_at, 0.0, None)
-            raise lease_refusal(snapshot, lease, now) or LeaseLost(
-                f"lease of {lease.key!r} token {lease.token} is not current"
+                raise never_granted(grant.key)
+            snapshot = LockSnapshot(grant.key, token, holder, lease_hash, expires_at, 0.0, None)
+            raise lease_refusal(snapshot, grant, now) or LeaseLost(
+                f"lease of {grant.key!r} token {grant.token} is not current"
             )
         if end_reason == GrantEnd.EXPIRED:
             return Ended(GrantEnd.EXPIRED, ended_at, ended_at)
