@@ -25,7 +25,7 @@ PERMISSION = "coordination.relay_outboxcall"
 
 
 @admin.register(OutboxCall)
-class OutboxCallAdmin(admin.ModelAdmin[OutboxCall]):
+class OutboxCallAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_display = [
         "id", "state", "kind", "method", "target", "lock_key", "token", "attempts",
         "response_status", "updated_at",
