@@ -11,7 +11,8 @@ in the transaction that raises the token floor above its counter.
 - :mod:`.fences`: fences, rejections, accepted writes, idempotency records,
   tombstones, unfenced saves, documents;
 - :mod:`.access`: access rules; :mod:`.election`: roles and beat slots;
-- :mod:`.jobs`: job policies, their changes, tallies and executions.
+- :mod:`.jobs`: job policies, their changes, tallies and executions;
+- :mod:`.outbox`: external calls recorded under a fence, sent by the relay.
 
 Every name is importable from here (``from coordination.models import Lock``);
 the rules of keys and holders are :mod:`coordination.keys`'.
@@ -86,6 +87,10 @@ from .jobs import (
 from .jobs import (
     _task_field_validator as _task_field_validator,
 )
+from .outbox import (
+    OutboxCall,
+    OutboxState,
+)
 
 __all__ = [
     "HOLDER_MAX_LENGTH",
@@ -118,6 +123,8 @@ __all__ = [
     "Lock",
     "LockQuerySet",
     "LockState",
+    "OutboxCall",
+    "OutboxState",
     "Rejection",
     "RejectionReason",
     "Role",

@@ -26,7 +26,7 @@ DIST_INFO = "django_coordination-0.1.0.dist-info"
 # The site's code: none of it may travel in the wheel, under any name.
 SITE_WORDS = ("demo", "chaos", "bench", "project", "tests")
 SITE_FOLDERS = {"lab", "project", "tests"}
-USER_COMMANDS = {"coordination_prune", "coordination_restore_guard"}
+USER_COMMANDS = {"coordination_prune", "coordination_relay", "coordination_restore_guard"}
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +100,7 @@ def test_the_wheel_carries_the_mit_licence(wheel: Path, names: set[str]) -> None
     assert "License-File: LICENSE" in metadata.splitlines()
 
 
-def test_the_wheels_management_commands_are_restore_guard_and_prune(names: set[str]) -> None:
+def test_the_wheels_management_commands_are_restore_guard_prune_and_relay(names: set[str]) -> None:
     commands = {
         PurePosixPath(name).stem
         for name in names
