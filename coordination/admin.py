@@ -1528,3 +1528,7 @@ def _replace_token_admin(site: admin.AdminSite) -> None:
 
 if django_apps.is_installed("rest_framework.authtoken"):
     _replace_token_admin(admin.site)
+
+
+# The outbox's calls, edited like the app's other rows.
+from .stores import outbox_admin  # noqa: E402, F401  (registers OutboxCallAdmin)

@@ -13,6 +13,7 @@ from django.core.checks import CheckMessage, Error, Tags, Warning, register
 
 from .backends import GRANT_POINTS, dialect_for_settings
 from .conf import DEFAULTS, app_settings
+from .stores.checks import check_fenced_storages
 
 # Checks that read only settings and code are registered without the ``database``
 # tag, so plain ``manage.py check``, ``runserver``, ``migrate`` and a fenced Celery
@@ -550,3 +551,7 @@ def check_promotion_guard(
         "docs/high-availability.md.",
         id="coordination.W006",
     )]
+
+
+# The fenced stores' settings (E101-E103): a storage that cannot fence refuses to start.
+register(Tags.compatibility)(check_fenced_storages)
