@@ -24,10 +24,12 @@ from django.db.models import Model
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
+from django.utils.functional import Promise
 
 from .base import has_perm, object_or_404, page_context, require_rules
 
 T = TypeVar("T")
+Text = str | Promise  # a str or a lazy translation
 
 
 class Done(NamedTuple):
@@ -78,10 +80,10 @@ class OperatorAction(Generic[T]):
     report: Report
     rule: str = "revoke"
     confirm: bool = True
-    title: tuple[str, str] = ("", "")
-    explanation: str = ""
-    button: str = ""
-    headers: Sequence[str] = ()
+    title: tuple[Text, Text] = ("", "")
+    explanation: Text = ""
+    button: Text = ""
+    headers: Sequence[Text] = ()
     row: Callable[[T], Sequence[Any]] = lambda obj: ()
 
 
