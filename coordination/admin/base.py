@@ -4,7 +4,7 @@ the page context of its own pages, and small display helpers."""
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 from urllib.parse import urlencode
 
@@ -35,6 +35,22 @@ class HistoryAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+
+class ChoiceFilter(admin.SimpleListFilter):
+    """A list filter of fixed choices: ``options`` are (value, label, narrow)
+    triples, ``narrow`` taking the rows to the rows of that choice."""
+
+    options: Sequence[tuple[str, Any, Callable[[QuerySet[Any]], QuerySet[Any]]]] = ()
+
+    def lookups(
+        self, request: HttpRequest, model_admin: admin.ModelAdmin  # type: ignore[type-arg]
+    ) -> list[tuple[str, str]]:
+        return [(value, str(label)) for value, label, _narrow in self.options]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
+        chosen = self.value()
+        return next((narrow(queryset) for value, _label, narrow in self.options if value == chosen), None)
 
 
 def object_or_404(model_admin: admin.ModelAdmin, request: HttpRequest, object_id: str) -> Model:  # type: ignore[type-arg]

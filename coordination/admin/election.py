@@ -17,7 +17,7 @@ from django.utils.translation import gettext_lazy as _
 from .. import locks
 from ..election import ROLE_PREFIX
 from ..models import BeatSlot, DatabaseNow, Role
-from .base import HistoryAdmin, duration, readable
+from .base import ChoiceFilter, HistoryAdmin, duration, readable
 
 
 @admin.register(Role)
@@ -69,29 +69,20 @@ class RoleAdmin(HistoryAdmin):
         return format_html('<a href="{}">{}</a>', url, _("terms"))
 
 
-class BeatSlotStateFilter(admin.SimpleListFilter):
+def _lost() -> QuerySet[Any]:
+    return BeatSlot.objects.lost().values("pk")
+
+
+class BeatSlotStateFilter(ChoiceFilter):
     title = _("state")
     parameter_name = "state"
-
-    def lookups(
-        self, request: HttpRequest, model_admin: admin.ModelAdmin  # type: ignore[type-arg]
-    ) -> list[tuple[str, str]]:
-        return [
-            ("sent", str(_("sent"))),
-            ("claimed", str(_("claimed, not sent yet (its term still leads)"))),
-            ("lost", str(_("lost: claimed, never sent, its term is over"))),
-        ]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
-        rows = cast("QuerySet[BeatSlot]", queryset)
-        value = self.value()
-        if value == "sent":
-            return rows.filter(sent_at__isnull=False)
-        if value == "lost":
-            return rows.filter(pk__in=BeatSlot.objects.lost().values("pk"))
-        if value == "claimed":
-            return rows.filter(sent_at__isnull=True).exclude(pk__in=BeatSlot.objects.lost().values("pk"))
-        return None
+    options = [
+        ("sent", _("sent"), lambda rows: rows.filter(sent_at__isnull=False)),
+        ("claimed", _("claimed, not sent yet (its term still leads)"),
+         lambda rows: rows.filter(sent_at__isnull=True).exclude(pk__in=_lost())),
+        ("lost", _("lost: claimed, never sent, its term is over"),
+         lambda rows: rows.filter(pk__in=_lost())),
+    ]
 
 
 @admin.register(BeatSlot)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, cast
 
 from django.contrib import admin
@@ -17,29 +18,22 @@ from django.utils.translation import ngettext_lazy
 from .. import locks
 from ..models import DatabaseNow, Grant, GrantEnd, Lock, LockQuerySet, LockState, TokenFloor
 from .actions import Done, OperatorAction, OperatorActionsMixin, counted
-from .base import HistoryAdmin, duration, has_perm, readable
+from .base import ChoiceFilter, HistoryAdmin, duration, has_perm, readable
 from .pages import dashboard_page
 
 
-class LockStateFilter(admin.SimpleListFilter):
+def _lock_rows(rows: QuerySet[Any]) -> LockQuerySet:
+    return cast(LockQuerySet, rows)
+
+
+class LockStateFilter(ChoiceFilter):
     title = _("state")
     parameter_name = "state"
-
-    def lookups(
-        self, request: HttpRequest, model_admin: admin.ModelAdmin  # type: ignore[type-arg]
-    ) -> list[tuple[str, str]]:
-        return [(str(value), str(label)) for value, label in LockState.choices]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
-        rows = cast(LockQuerySet, queryset)
-        value = self.value()
-        if value == LockState.HELD:
-            return rows.held()
-        if value == LockState.EXPIRED:
-            return rows.expired()
-        if value == LockState.FREE:
-            return rows.free()
-        return None
+    options = [
+        (LockState.FREE.value, LockState.FREE.label, lambda rows: _lock_rows(rows).free()),
+        (LockState.HELD.value, LockState.HELD.label, lambda rows: _lock_rows(rows).held()),
+        (LockState.EXPIRED.value, LockState.EXPIRED.label, lambda rows: _lock_rows(rows).expired()),
+    ]
 
 
 def state_badge(lock: Lock) -> str:
@@ -174,28 +168,19 @@ class LockAdmin(OperatorActionsMixin, HistoryAdmin):
         return dashboard_page(self, request)
 
 
-class GrantEndFilter(admin.SimpleListFilter):
+def _ended(reason: str) -> Callable[[QuerySet[Any]], QuerySet[Any]]:
+    return lambda rows: rows.filter(end_reason=reason)
+
+
+class GrantEndFilter(ChoiceFilter):
     title = _("end")
     parameter_name = "end"
-
-    def lookups(
-        self, request: HttpRequest, model_admin: admin.ModelAdmin  # type: ignore[type-arg]
-    ) -> list[tuple[str, str]]:
-        return [
-            *((str(value), str(label)) for value, label in GrantEnd.choices),
-            ("live", str(_("live lease"))),
-            ("unreleased", str(_("expired, not released"))),
-        ]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
-        value = self.value()
-        if value in GrantEnd.values:
-            return queryset.filter(end_reason=value)
-        if value == "live":
-            return queryset.filter(ended_at=None, expires_at__gt=DatabaseNow())
-        if value == "unreleased":
-            return queryset.filter(ended_at=None, expires_at__lte=DatabaseNow())
-        return None
+    options = [
+        *((str(value), label, _ended(value)) for value, label in GrantEnd.choices),
+        ("live", _("live lease"), lambda rows: rows.filter(ended_at=None, expires_at__gt=DatabaseNow())),
+        ("unreleased", _("expired, not released"),
+         lambda rows: rows.filter(ended_at=None, expires_at__lte=DatabaseNow())),
+    ]
 
 
 @admin.register(Grant)
