@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from django import forms
 from django.contrib import admin, messages
@@ -139,8 +139,7 @@ class DocumentAdmin(OperatorActionsMixin, HistoryAdmin):
         """Re-bind: a form for the new key, a confirmation page, then the change and its log entry."""
         if not self.has_rebind_permission(request):
             raise PermissionDenied
-        document = object_or_404(self, request, object_id)
-        assert isinstance(document, Document)
+        document = cast(Document, object_or_404(self, request, object_id))
         form = RebindForm(request.POST or None, document=document, rules=access.for_request(request))
         if request.method == "POST" and form.is_valid():
             key = form.cleaned_data["lock_key"]
