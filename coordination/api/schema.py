@@ -30,7 +30,7 @@ from .. import __version__
 from ..charsets import UNSUPPORTED_CHARSET, refusal_detail, undecodable_charset
 from .exceptions import exception_handler
 from .permissions import ThrottledRefusals
-from .views import APIJSONRenderer
+from .views.base import APIJSONRenderer
 
 __all__ = ["DOCS_APP", "DocsView", "RedocView", "SchemaView", "coordination_endpoints", "docs_page"]
 
@@ -52,8 +52,8 @@ SCHEMA_SETTINGS: dict[str, Any] = {
 }
 
 
-API_VIEW_MODULES = ("coordination.api.views", "coordination.api.jobs")
-"""The modules of the API's views: the schema and docs views are not among them."""
+API_VIEWS_PACKAGE = "coordination.api.views"
+"""The package of the API's views: the schema and docs views are not in it."""
 
 
 def coordination_endpoints(endpoints: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
@@ -65,7 +65,7 @@ def coordination_endpoints(endpoints: list[tuple[Any, ...]]) -> list[tuple[Any, 
     return [
         endpoint
         for endpoint in endpoints
-        if getattr(getattr(endpoint[3], "cls", None), "__module__", "") in API_VIEW_MODULES
+        if getattr(getattr(endpoint[3], "cls", None), "__module__", "").startswith(f"{API_VIEWS_PACKAGE}.")
     ]
 
 

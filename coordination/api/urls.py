@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from django.urls import path, re_path
 
-from . import jobs, views
+from . import views
 from .schema import DocsView, RedocView, SchemaView, docs_page
 
 app_name = "coordination_api"
@@ -26,8 +26,8 @@ urlpatterns = [
     path("fences/<str:resource>", views.FenceDetailView.as_view(), name="fence-detail"),
     path("documents/<str:name>", views.DocumentView.as_view(), name="document"),
     path("rejections/", views.RejectionListView.as_view(), name="rejection-list"),
-    path("job-policies/", jobs.JobPolicyListView.as_view(), name="job-policy-list"),
-    path("job-policies/<str:task>", jobs.JobPolicyDetailView.as_view(), name="job-policy-detail"),
+    path("job-policies/", views.JobPolicyListView.as_view(), name="job-policy-list"),
+    path("job-policies/<str:task>", views.JobPolicyDetailView.as_view(), name="job-policy-detail"),
     path("schema/", SchemaView.as_view(), name="schema"),
     # The interactive docs are for people in a browser: log in first. Their JavaScript
     # and CSS come from drf-spectacular-sidecar (the [api-docs] extra), served locally.

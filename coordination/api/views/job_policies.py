@@ -19,12 +19,12 @@ from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from .. import access, jobs
-from ..conf import app_settings
-from ..exceptions import InvalidInput
-from ..models import KEY_MAX_LENGTH, JobPolicy, WhenPaused, validate_task_pattern
-from .serializers import StrictCharField, StrictIntegerField, StrictSecondsField, StrictSerializer
-from .views import CoordinationListView, CoordinationView, _errors, _valid, operation
+from ... import access, jobs
+from ...conf import app_settings
+from ...exceptions import InvalidInput
+from ...models import KEY_MAX_LENGTH, JobPolicy, WhenPaused, validate_task_pattern
+from ..serializers import StrictCharField, StrictIntegerField, StrictSecondsField, StrictSerializer
+from .base import CoordinationListView, CoordinationView, error_responses, operation, validated
 
 TASK_PARAMETER = OpenApiParameter(
     "task",
@@ -107,7 +107,7 @@ class JobPolicyListView(CoordinationListView):
 
     @operation(
         operation_id="job_policies_list",
-        responses={200: JobPolicySerializer(many=True), **_errors(404)},
+        responses={200: JobPolicySerializer(many=True), **error_responses(404)},
     )
     def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         return super().get(request, *args, **kwargs)
@@ -129,7 +129,10 @@ class JobPolicyDetailView(CoordinationView):
         access.for_request(request).require(action, jobs.permit_name(task))
         return JobPolicy.objects.filter(task=task).first()
 
-    @operation(operation_id="job_policies_retrieve", responses={200: JobPolicySerializer, **_errors(404)})
+    @operation(
+        operation_id="job_policies_retrieve",
+        responses={200: JobPolicySerializer, **error_responses(404)},
+    )
     def get(self, request: Request, task: str) -> Response:
         policy = self._policy(request, task, "read")
         if policy is None:
@@ -145,7 +148,7 @@ class JobPolicyDetailView(CoordinationView):
             "`add_jobpolicy` too."
         ),
         request=JobPolicyWrite,
-        responses={200: JobPolicySerializer, 201: JobPolicySerializer, **_errors(404, 413, 415)},
+        responses={200: JobPolicySerializer, 201: JobPolicySerializer, **error_responses(404, 413, 415)},
     )
     def put(self, request: Request, task: str) -> Response:
         return self._write(request, task, partial=False)
@@ -154,12 +157,15 @@ class JobPolicyDetailView(CoordinationView):
         operation_id="job_policies_patch",
         summary="Change some fields of a task's policy",
         request=JobPolicyWrite,
-        responses={200: JobPolicySerializer, **_errors(404, 413, 415)},
+        responses={200: JobPolicySerializer, **error_responses(404, 413, 415)},
     )
     def patch(self, request: Request, task: str) -> Response:
         return self._write(request, task, partial=True)
 
-    @operation(operation_id="job_policies_destroy", responses={204: None, **_errors(404)})
+    @operation(
+        operation_id="job_policies_destroy",
+        responses={204: None, **error_responses(404)},
+    )
     def delete(self, request: Request, task: str) -> Response:
         policy = self._policy(request, task, "revoke")
         if policy is None:
@@ -168,7 +174,7 @@ class JobPolicyDetailView(CoordinationView):
         return Response(status=status.HTTP_204_NO_CONTENT)
 
     def _write(self, request: Request, task: str, *, partial: bool) -> Response:
-        body = _valid(JobPolicyWrite, request.data)
+        body = validated(JobPolicyWrite, request.data)
         with transaction.atomic(using=app_settings.DATABASE):
             policy = self._policy(request, task, "revoke")
             created = policy is None
