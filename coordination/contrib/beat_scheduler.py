@@ -29,17 +29,6 @@ from ..conf import app_settings
 from ..exceptions import LeaseLost, LockHeld, StaleToken
 from ..models import HOLDER_MAX_LENGTH, BeatSlot, DatabaseNow, slot_identity
 
-__all__ = [
-    "SLOT_HEADER",
-    "FencedScheduler",
-    "claim_slot",
-    "current_slot",
-    "latest_due",
-    "mark_sent",
-    "next_due",
-    "once_per_slot",
-]
-
 logger = logging.getLogger("coordination.beat")
 
 SLOT_HEADER = "coordination_slot"
