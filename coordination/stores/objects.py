@@ -214,7 +214,7 @@ class FencedS3Storage(S3Storage):  # type: ignore[misc]  # django-storages is un
             else:
                 condition = {"IfNoneMatch": "*"}
             try:
-                self._client.put_object(
+                written = self._client.put_object(
                     Bucket=self.bucket_name, Key=key, Body=body, Metadata=metadata,
                     **condition, **params,
                 )
@@ -224,7 +224,7 @@ class FencedS3Storage(S3Storage):  # type: ignore[misc]  # django-storages is un
                 raise self._unavailable(error) from error
             except BotoCoreError as error:
                 raise self._unavailable(error) from error
-            return Watermark(None, metadata)
+            return Watermark(written.get("ETag"), metadata)
         raise StoreUnavailable(resource, f"lost {self.max_attempts} conditional writes in a row")
 
     # -- reads that hide delete markers ----------------------------------------

@@ -34,6 +34,8 @@ from coordination.admin import FencedModelAdmin
 from coordination.exceptions import DuplicateWrite
 from coordination.fencing import unfenced
 from coordination.models import AccessRule, BeatSlot, IdempotencyRecord, JobPolicy
+from coordination.stores import outbox_admin  # noqa: F401  (the outbox's admin registers on import)
+from coordination.stores.outbox import record_call
 from project.demo.models import Account
 from tests.support.hostile import tally_requests  # noqa: F401  (the module's fixture)
 
@@ -68,6 +70,7 @@ def seed_tenant(tenant: str, host: str, owner: User) -> Account:
     with pytest.raises(DuplicateWrite):  # a refused write
         documents.put_document(f"{tenant}-doc", lease, {"tenant": tenant}, step=1)
     IdempotencyRecord.objects.create(key=f"{tenant}:idempotency", result={"tenant": tenant})
+    record_call(f"https://{host}/{tenant}/hook", {"tenant": tenant}, grant=lease)  # an outbox call
     AccessRule.objects.create(user=owner, pattern=f"{tenant}:*", read=True, write=True)
     locks.acquire(f"election:{tenant}:beat", holder=holder, ttl=300)  # a role and its leader
     BeatSlot.objects.create(

@@ -52,7 +52,9 @@ def test_stale_token_is_refused_and_the_newer_object_stays(s3_endpoint: str, buc
 def test_same_token_steps_follow_the_rule(s3_endpoint: str, bucket: str) -> None:
     store = storage(s3_endpoint, bucket)
     grant = lease("report:2", 7)
-    store.save_fenced("r.txt", b"one", grant=grant)  # the lease's first step: 1
+    written = store.save_fenced("r.txt", b"one", grant=grant)  # the lease's first step: 1
+    assert (written.token, written.step) == (7, 1)
+    assert written.etag == store.watermark("r.txt").etag
     with pytest.raises(DuplicateWrite):  # a retry of step 1: already stored
         store.save_fenced("r.txt", b"retry", grant=grant, step=1)
     assert read(store, "r.txt") == b"one"
