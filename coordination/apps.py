@@ -30,3 +30,6 @@ class CoordinationConfig(AppConfig):
         )
         if importlib.util.find_spec("prometheus_client") is not None:
             from . import metrics  # noqa: F401  (counts the signals)
+            from .stores import outbox_metrics
+
+            outbox_metrics.install()

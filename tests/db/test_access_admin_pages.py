@@ -34,7 +34,6 @@ from coordination.admin import FencedModelAdmin
 from coordination.exceptions import DuplicateWrite
 from coordination.fencing import unfenced
 from coordination.models import AccessRule, BeatSlot, IdempotencyRecord, JobPolicy
-from coordination.stores import outbox_admin  # noqa: F401  (the outbox's admin registers on import)
 from coordination.stores.outbox import record_call
 from project.demo.models import Account
 from tests.support.hostile import tally_requests  # noqa: F401  (the module's fixture)
