@@ -30,14 +30,12 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import functools
-import inspect
 import logging
 import os
 import random
 import socket
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Literal, Required, TypedDict, TypeVar, Unpack, cast, get_args
 
@@ -47,8 +45,10 @@ from ..exceptions import InvalidInput, LeaseLost, LockHeld
 from ..keepalive import AsyncKeepAlive, KeepAlive
 from ..leases import Lease
 from ..logfields import LogFields
-from ..models import HOLDER_MAX_LENGTH, JobOutcome, WhenPaused, validate_key
+from ..models import HOLDER_MAX_LENGTH, JobOutcome, WhenPaused
 from ..semaphores import aacquire_permit, acquire_permit, permit_keys
+from . import execution_steps as steps
+from .lock_keys import LockSpec, lock_key_for, resolve_lock_key
 
 __all__ = [
     "AsyncFencedExecution",
@@ -69,64 +69,10 @@ __all__ = [
 
 logger = logging.getLogger("coordination.tasks")
 
-#: A lock key template over the task's arguments (``"account:{account_id}"``) or a
-#: callable taking the task's arguments and returning the key.
-LockSpec = str | Callable[..., str]
-
 OnBusy = Literal["retry", "skip", "raise"]
 
 _T = TypeVar("_T")
-
-
-def resolve_lock_key(
-    spec: LockSpec, signature: Any, args: Sequence[Any], kwargs: Mapping[str, Any]
-) -> str:
-    """The lock key of one call: ``spec`` formatted with the call's bound arguments.
-
-    ``signature`` is the task function's :class:`inspect.Signature`; defaults
-    count, so ``"report:{day}"`` works when ``day`` has a default. Raises
-    ``InvalidInput`` when the template names an argument the call lacks or the
-    result is not a valid key.
-    """
-    if callable(spec):
-        key = spec(*args, **kwargs)
-    else:
-        try:
-            bound = signature.bind(*args, **kwargs)
-        except TypeError as error:
-            raise InvalidInput(f"cannot build lock key {spec!r}: {error}") from None
-        bound.apply_defaults()
-        arguments = dict(bound.arguments)
-        for parameter in signature.parameters.values():
-            # **kwargs of the task are usable by name in the template.
-            if parameter.kind is parameter.VAR_KEYWORD:
-                arguments.update(arguments.pop(parameter.name, {}))
-        try:
-            key = spec.format(**arguments)
-        except (KeyError, IndexError, AttributeError) as error:
-            raise InvalidInput(
-                f"lock key template {spec!r} names {error}, which this call does not have"
-            ) from None
-    return validate_key(key)
-
-
-def lock_key_for(
-    spec: LockSpec, func: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]
-) -> str:
-    """The lock key of calling ``func`` with ``args`` and ``kwargs`` (see resolve_lock_key)."""
-    return resolve_lock_key(spec, _signature(func), args, kwargs)
-
-
-@functools.cache
-def _cached_signature(func: Callable[..., Any]) -> inspect.Signature:
-    return inspect.signature(func)
-
-
-def _signature(func: Callable[..., Any]) -> inspect.Signature:
-    try:
-        return _cached_signature(func)
-    except TypeError:  # unhashable callables (bound methods are hashable)
-        return inspect.signature(func)
+_R = TypeVar("_R")
 
 
 def holder_name(task_name: str, task_id: str | None, attempt: int) -> str:
@@ -277,7 +223,145 @@ class _Execution:
             )
 
 
-class FencedExecution(_Execution):
+class _Machine(_Execution):
+    """The execution's steps, once for both drivers: the policy's pause (defer or
+    skip, logged and counted), the supersede check, the acquire with ``on_busy``,
+    the policy permit, keep-alive, the body and the release."""
+
+    def __init__(self, key: str, **options: Unpack[_ExecutionOptions]) -> None:
+        super().__init__(key, **options)
+        self._keeper: Any = None
+        self._permit_keeper: Any = None
+        self._ended = False
+
+    def _steps(
+        self,
+        *,
+        on_busy: OnBusy,
+        retry: Callable[[LockHeld, float], Any] | None,
+        superseded: Callable[[], Skipped | None] | None,
+        sender: Any,
+        defer: Callable[[float], Any] | None,
+    ) -> steps.Steps[Any]:
+        on_busy = yield steps.Call(self._read_policy, (on_busy,))
+        waited = False
+        while self.policy is not None and self.policy.paused:
+            if self.policy.when_paused == WhenPaused.SKIP:
+                return (yield steps.Call(self._skip_paused, (sender,)))
+            if not waited:
+                yield steps.Call(self._defer_paused)
+            if defer is not None:
+                # Its result, or its exception (Celery's Retry), is the outcome.
+                return (yield steps.Call(defer, (self.policy.defer_seconds,)))
+            # No way to send the execution again: it waits in this worker.
+            waited = True
+            yield steps.Sleep(self._pause_poll())
+            on_busy = yield steps.Call(self._read_policy, (on_busy,))
+        if superseded is not None and (passed := (yield steps.Call(superseded))) is not None:
+            yield steps.Call(self._tally, (JobOutcome.SKIPPED,))
+            return passed
+        try:
+            grant = yield from self._acquire_steps()
+        except LockHeld as held:
+            return (yield steps.Call(self._busy, (held, on_busy, retry, sender)))
+        try:
+            yield from self._keepalive_steps(grant)
+            if superseded is not None and (passed := (yield steps.Call(superseded))) is not None:
+                yield steps.Call(self._tally, (JobOutcome.SKIPPED,))
+                return passed
+            return (yield steps.Body(grant))
+        finally:
+            yield from self._end_steps()
+
+    def _acquire_steps(self) -> steps.Steps[Lease]:
+        grant: Lease = yield steps.Acquire(self.key, self.concurrency)
+        if self.max_running is not None and self.name is not None:
+            # The key's lock first: a busy key then never holds a task permit,
+            # even for a moment, that an execution of another key could use.
+            if self.keepalive and self.wait > 0:
+                # The wait for a permit may outlast the key's lease: keep it alive.
+                self._keeper = yield steps.StartKeepAlive(grant)
+            try:
+                self.permit = yield steps.Acquire(jobs.permit_name(self.name), self.max_running)
+            except BaseException:
+                try:
+                    if self._keeper is not None:
+                        keeper, self._keeper = self._keeper, None
+                        yield steps.StopKeepAlive(keeper)
+                finally:
+                    yield steps.Release(grant)
+                raise
+        self.grant = grant
+        yield steps.Call(self._record)
+        return grant
+
+    def _keepalive_steps(self, grant: Lease) -> steps.Steps[None]:
+        if not self.keepalive:
+            return
+        if self._keeper is None:
+            self._keeper = yield steps.StartKeepAlive(grant)
+        if self.permit is not None:
+            # The permit's loss (revoked, or expired in a pause) marks the key's
+            # grant lost too: the body's later fenced writes are refused.
+            self._permit_keeper = yield steps.StartKeepAlive(self.permit, grant)
+
+    def _end_steps(self) -> steps.Steps[None]:
+        """Once: stop the keep-alives (so they cannot renew, and fail on, a released
+        lease), then release the grant's own lease and the permit's."""
+        if self._ended or self.grant is None:
+            return
+        self._ended = True
+        try:
+            for keeper in (self._keeper, self._permit_keeper):
+                if keeper is not None:
+                    yield steps.StopKeepAlive(keeper)
+        finally:
+            try:
+                yield steps.Release(self.grant)
+            finally:
+                if self.permit is not None:
+                    yield steps.Release(self.permit)
+
+    def _acquire_lease(self, key: str, limit: int | None) -> Lease:
+        if limit is None:
+            return locks.acquire(key, holder=self.holder, ttl=self.ttl, wait=self.wait, using=self.using)
+        return acquire_permit(
+            key, limit=limit, holder=self.holder, ttl=self.ttl, wait=self.wait, using=self.using
+        )
+
+    async def _aacquire_lease(self, key: str, limit: int | None) -> Lease:
+        if limit is None:
+            return await locks.aacquire(
+                key, holder=self.holder, ttl=self.ttl, wait=self.wait, using=self.using
+            )
+        return await aacquire_permit(
+            key, limit=limit, holder=self.holder, ttl=self.ttl, wait=self.wait, using=self.using
+        )
+
+    def _defer_paused(self) -> None:
+        logger.info("task deferred %s", LogFields(task=self.label, detail=self._paused_detail()))
+        self._tally(JobOutcome.DEFERRED)
+
+    def _busy(
+        self,
+        held: LockHeld,
+        on_busy: OnBusy,
+        retry: Callable[[LockHeld, float], Any] | None,
+        sender: Any,
+    ) -> Skipped:
+        if on_busy == "skip":
+            return self._skip_busy(held, sender)
+        if on_busy == "retry" and retry is not None:
+            countdown = retry_countdown(held)
+            logger.info(
+                "task retries %s",
+                LogFields(task=self.label, countdown=f"{countdown:.2f}s", detail=held.detail),
+            )
+            raise retry(held, countdown)
+        raise held
+
+
+class FencedExecution(_Machine):
     """One execution of a task body under a new grant of ``key``: the one path the
     Celery decorator and its ``django.tasks`` twin both run their bodies through.
 
@@ -292,78 +376,47 @@ class FencedExecution(_Execution):
             ...
 
     ``task`` is what runs under it (the Celery task, the function); while the
-    body runs, :func:`current_execution` returns this execution.
+    body runs, :func:`current_execution` returns this execution. The steps are
+    :class:`AsyncFencedExecution`'s, run on the calling thread.
     """
 
     def __init__(self, key: str, **options: Unpack[_ExecutionOptions]) -> None:
         super().__init__(key, **options)
-        self._keeper: KeepAlive | None = None
-        self._permit_keeper: KeepAlive | None = None
         self._contexts: list[AbstractContextManager[Any]] = []
         self._running: contextvars.Token[FencedExecution | None] | None = None
-        self._ended = False
+        self._body: Callable[[], Any] | None = None
 
     def acquire(self) -> Lease:
         """The execution's grant: of ``key`` itself, or with ``concurrency=N`` one
         of the N permits of the semaphore ``key`` (the lease of its slot's key,
         ``<key>@<slot>``, whose tokens fence the body's writes). ``LockHeld``
         when none is granted within ``wait``, either way."""
-        if self.concurrency is None:
-            grant = locks.acquire(
-                self.key, holder=self.holder, ttl=self.ttl, wait=self.wait, using=self.using
-            )
-        else:
-            grant = acquire_permit(
-                self.key, limit=self.concurrency, holder=self.holder, ttl=self.ttl,
-                wait=self.wait, using=self.using,
-            )
-        if self.max_running is not None and self.name is not None:
-            # The key's lock first: a busy key then never holds a task permit,
-            # even for a moment, that an execution of another key could use.
-            if self.keepalive and self.wait > 0:
-                # The wait for a permit may outlast the key's lease: keep it alive.
-                self._keeper = KeepAlive(grant, ttl=self.ttl, using=self.using).start()
-            try:
-                self.permit = acquire_permit(
-                    jobs.permit_name(self.name), limit=self.max_running, holder=self.holder,
-                    ttl=self.ttl, wait=self.wait, using=self.using,
-                )
-            except BaseException:
-                if self._keeper is not None:
-                    self._keeper.stop()
-                    self._keeper = None
-                release_quietly(grant, using=self.using)
-                raise
-        self.grant = grant
-        self._record()
-        return grant
+        return steps.drive(self._acquire_steps(), self._do)
 
     def __enter__(self) -> Lease:
         grant = self.grant if self.grant is not None else self.acquire()
-        if self.keepalive:
-            if self._keeper is None:
-                self._keeper = KeepAlive(grant, ttl=self.ttl, using=self.using).start()
-            if self.permit is not None:
-                # The permit's loss (revoked, or expired in a pause) marks the key's
-                # grant lost too: the body's later fenced writes are refused.
-                self._permit_keeper = KeepAlive(
-                    self.permit, ttl=self.ttl, using=self.using, linked=grant
-                ).start()
-        context = locks.use_grant(grant)
-        context.__enter__()
-        self._contexts.append(context)
-        self._running = _current_execution.set(self)
+        steps.drive(self._keepalive_steps(grant), self._do)
+        self._expose(grant)
         return grant
 
     def __exit__(self, *exc_info: Any) -> None:
         try:
-            if self._running is not None:
-                _current_execution.reset(self._running)
-                self._running = None
-            while self._contexts:
-                self._contexts.pop().__exit__(*exc_info)
+            self._unexpose(*exc_info)
         finally:
             self.end()
+
+    def _expose(self, grant: Lease) -> None:
+        context = locks.use_grant(grant)
+        context.__enter__()
+        self._contexts.append(context)
+        self._running = _current_execution.set(self)
+
+    def _unexpose(self, *exc_info: Any) -> None:
+        if self._running is not None:
+            _current_execution.reset(self._running)
+            self._running = None
+        while self._contexts:
+            self._contexts.pop().__exit__(*exc_info)
 
     def end(self) -> None:
         """End this execution's lease, once: stop the keep-alive, then release the
@@ -372,17 +425,7 @@ class FencedExecution(_Execution):
         Called on exit, and by a Celery ``retry()`` before the retry message is
         sent, so the retry never finds the lock held by the execution that sent it.
         """
-        if self._ended or self.grant is None:
-            return
-        self._ended = True
-        # The keep-alive stops first, so it cannot renew (and fail on) a released lease.
-        if self._keeper is not None:
-            self._keeper.stop()
-        if self._permit_keeper is not None:
-            self._permit_keeper.stop()
-        release_quietly(self.grant, using=self.using)
-        if self.permit is not None:
-            release_quietly(self.permit, using=self.using)
+        steps.drive(self._end_steps(), self._do)
 
     def run(
         self,
@@ -411,55 +454,40 @@ class FencedExecution(_Execution):
           ``raise retry(held, countdown)``, the countdown being the holder's
           remaining lease (database time) plus jitter.
         """
-        on_busy = self._read_policy(on_busy)
-        waited = False
-        while self.policy is not None and self.policy.paused:
-            if self.policy.when_paused == WhenPaused.SKIP:
-                return self._skip_paused(sender)
-            if not waited:
-                logger.info("task deferred %s", LogFields(task=self.label, detail=self._paused_detail()))
-                self._tally(JobOutcome.DEFERRED)
-            if defer is not None:
-                return cast(_T | Skipped, defer(self.policy.defer_seconds))
-            # No way to send the execution again: it waits in this worker.
-            waited = True
-            time.sleep(self._pause_poll())
-            on_busy = self._read_policy(on_busy)
-        if superseded is not None and (passed := superseded()) is not None:
-            self._tally(JobOutcome.SKIPPED)
-            return passed
-        try:
-            self.acquire()
-        except LockHeld as held:
-            return self._busy(held, on_busy, retry, sender)
-        with self:
-            if superseded is not None and (passed := superseded()) is not None:
-                self._tally(JobOutcome.SKIPPED)
-                return passed
-            return body()
+        self._body = body
+        plan = self._steps(
+            on_busy=on_busy, retry=retry, superseded=superseded, sender=sender, defer=defer
+        )
+        return cast(_T | Skipped, steps.drive(plan, self._do))
 
-    def _busy(
-        self,
-        held: LockHeld,
-        on_busy: OnBusy,
-        retry: Callable[[LockHeld, float], Any] | None,
-        sender: Any,
-    ) -> Skipped:
-        if on_busy == "skip":
-            return self._skip_busy(held, sender)
-        if on_busy == "retry" and retry is not None:
-            countdown = retry_countdown(held)
-            logger.info(
-                "task retries %s",
-                LogFields(task=self.label, countdown=f"{countdown:.2f}s", detail=held.detail),
-            )
-            raise retry(held, countdown)
-        raise held
+    def _do(self, step: steps.Step) -> Any:
+        """The thread driver's step: each blocking call made here, on this thread."""
+        match step:
+            case steps.Call(func, args):
+                return func(*args)
+            case steps.Acquire(key, limit):
+                return self._acquire_lease(key, limit)
+            case steps.StartKeepAlive(lease, linked):
+                return KeepAlive(lease, ttl=self.ttl, using=self.using, linked=linked).start()
+            case steps.StopKeepAlive(keeper):
+                keeper.stop()
+            case steps.Release(lease):
+                release_quietly(lease, using=self.using)
+            case steps.Sleep(seconds):
+                time.sleep(seconds)
+            case steps.Body(grant):
+                assert self._body is not None
+                self._expose(grant)
+                try:
+                    return self._body()
+                finally:
+                    self._unexpose(None, None, None)
+        return None
 
 
-class AsyncFencedExecution(_Execution):
-    """:class:`FencedExecution` for an ``async def`` task body: the same rules,
-    on the event loop.
+class AsyncFencedExecution(_Machine):
+    """:class:`FencedExecution` for an ``async def`` task body: the same steps,
+    driven from the event loop.
 
     The grant comes from ``locks.aacquire``, an :class:`~coordination.keepalive.AsyncKeepAlive`
     task keeps the lease alive while the body is awaited, the grant is current
@@ -480,69 +508,34 @@ class AsyncFencedExecution(_Execution):
     ) -> _T | Skipped:
         """Await ``body`` under a new grant; ``on_busy`` is ``"raise"`` or ``"skip"``.
 
-        The job policy applies as in :meth:`FencedExecution.run` (``defer`` runs
-        on the app's thread pool; without it a paused execution waits with
-        ``asyncio.sleep``). The permit of a policy's ``max_running`` is kept
-        alive beside the grant and released with it."""
-        on_busy = await aio.run_sync(self._read_policy, on_busy)
-        waited = False
-        while self.policy is not None and self.policy.paused:
-            if self.policy.when_paused == WhenPaused.SKIP:
-                return await aio.run_sync(self._skip_paused, sender)
-            if not waited:
-                await aio.run_sync(self._tally, JobOutcome.DEFERRED)
-            if defer is not None:
-                return cast(_T | Skipped, await aio.run_sync(defer, self.policy.defer_seconds))
-            waited = True
-            await asyncio.sleep(self._pause_poll())
-            on_busy = await aio.run_sync(self._read_policy, on_busy)
-        try:
-            if self.concurrency is None:
-                self.grant = grant = await locks.aacquire(
-                    self.key, holder=self.holder, ttl=self.ttl, wait=self.wait, using=self.using
-                )
-            else:
-                self.grant = grant = await aacquire_permit(
-                    self.key, limit=self.concurrency, holder=self.holder, ttl=self.ttl,
-                    wait=self.wait, using=self.using,
-                )
-            if self.max_running is not None and self.name is not None:
-                # The wait for a permit may outlast the key's lease: keep it alive.
-                waiting = (
-                    AsyncKeepAlive(grant, ttl=self.ttl, using=self.using).start()
-                    if self.keepalive and self.wait > 0 else None
-                )
-                try:
-                    try:
-                        self.permit = await aacquire_permit(
-                            jobs.permit_name(self.name), limit=self.max_running,
-                            holder=self.holder, ttl=self.ttl, wait=self.wait, using=self.using,
-                        )
-                    finally:
-                        if waiting is not None:
-                            await waiting.stop()
-                except BaseException:
-                    await aio.run_to_completion(release_quietly, grant, using=self.using)
-                    raise
-        except LockHeld as held:
-            if on_busy == "skip":
-                return await aio.run_sync(self._skip_busy, held, sender)
-            raise
-        await aio.run_sync(self._record)
-        leases = [grant] if self.permit is None else [grant, self.permit]
-        keepers = [
-            AsyncKeepAlive(lease, ttl=self.ttl, using=self.using).start() for lease in leases
-        ] if self.keepalive else []
-        try:
-            with locks.use_grant(grant):
-                return await body()
-        finally:
-            try:
-                for keeper in keepers:
+        The job policy applies as in :meth:`FencedExecution.run`, with the same
+        logs and counts (``defer`` runs on the app's thread pool; without it a
+        paused execution waits with ``asyncio.sleep``). The permit of a
+        policy's ``max_running`` is kept alive beside the grant and released
+        with it."""
+        plan = self._steps(on_busy=on_busy, retry=None, superseded=None, sender=sender, defer=defer)
+
+        async def do(step: steps.Step) -> Any:
+            """The asyncio driver's step: blocking calls on the app's threads."""
+            match step:
+                case steps.Call(func, args):
+                    return await aio.run_sync(func, *args)
+                case steps.Acquire(key, limit):
+                    return await self._aacquire_lease(key, limit)
+                case steps.StartKeepAlive(lease, linked):
+                    return AsyncKeepAlive(lease, ttl=self.ttl, using=self.using, linked=linked).start()
+                case steps.StopKeepAlive(keeper):
                     await keeper.stop()
-            finally:
-                for lease in leases:
+                case steps.Release(lease):
                     await aio.run_to_completion(release_quietly, lease, using=self.using)
+                case steps.Sleep(seconds):
+                    await asyncio.sleep(seconds)
+                case steps.Body(grant):
+                    with locks.use_grant(grant):
+                        return await body()
+            return None
+
+        return cast(_T | Skipped, await steps.adrive(plan, do))
 
 
 _current_execution: contextvars.ContextVar[FencedExecution | None] = contextvars.ContextVar(
