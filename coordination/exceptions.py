@@ -67,6 +67,13 @@ class CoordinationError(Exception):
     def __str__(self) -> str:
         return self.detail
 
+    def __repr__(self) -> str:
+        # Exception's repr shows the args; an error built with none (its default
+        # detail) would read ``InTransaction()``: show the message instead.
+        if self.args:
+            return super().__repr__()
+        return f"{type(self).__name__}({self.detail!r})"
+
     def __reduce__(self) -> tuple[Any, ...]:
         # Exception's own __reduce__ also restores __dict__, which holds the
         # computed fields; rebuilding from the args alone is the contract.
@@ -204,6 +211,12 @@ class StaleToken(CoordinationError):
 RETIRED_STEP = 2**63 - 1
 
 
+def shown_step(step: int | None) -> int | str | None:
+    """A watermark's step as logs and messages show it: ``RETIRED_STEP`` (a row
+    deleted and created again) as ``"retired"``, any other step as it is."""
+    return "retired" if step == RETIRED_STEP else step
+
+
 class DuplicateWrite(CoordinationError):
     """The same token already wrote this step (or a later one) to the resource."""
 
@@ -249,7 +262,10 @@ class UnfencedWrite(CoordinationError):
         self.resource = resource
         self.current_token = current_token
         self.current_step = current_step
-        watermark = "" if current_token is None else f" (token {current_token}, step {current_step})"
+        watermark = (
+            "" if current_token is None
+            else f" (token {current_token}, step {shown_step(current_step)})"
+        )
         super().__init__(
             f"{resource} is fenced strictly: an UPDATE that does not raise its watermark"
             f"{watermark} is refused; write it with fenced_update() or fenced_save() under a "
@@ -284,8 +300,8 @@ class StaleInstance(CoordinationError):
         self.current_token = current_token
         self.current_step = current_step
         super().__init__(
-            f"{resource} was loaded at watermark ({token}, {step}) but the row is at "
-            f"({current_token}, {current_step}): a newer write changed it, so saving this "
+            f"{resource} was loaded at watermark ({token}, {shown_step(step)}) but the row is at "
+            f"({current_token}, {shown_step(current_step)}): a newer write changed it, so saving this "
             "instance would overwrite that write; nothing was saved. Reload it with "
             "refresh_from_db() and redo the change, or write it under a grant with "
             "fenced_save()",

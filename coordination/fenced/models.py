@@ -13,7 +13,7 @@ from django.db import IntegrityError, connections, models, router, transaction
 from django.db.models import Q
 
 from ..backends import triggers
-from ..exceptions import StaleInstance
+from ..exceptions import StaleInstance, shown_step
 from ..leases import Lease
 from ..logfields import LogFields
 from ..models import UnfencedSave
@@ -146,7 +146,7 @@ class FencedModel(models.Model):
                 "save refused %s",
                 LogFields(
                     reason="stale_instance", resource=resource, token=token, step=step,
-                    watermark_token=current[0], watermark_step=current[1],
+                    watermark_token=current[0], watermark_step=shown_step(current[1]),
                 ),
                 extra={
                     "coordination": {

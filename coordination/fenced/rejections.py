@@ -13,7 +13,7 @@ from django.db.models import F, Value
 from .. import signals, watermarks
 from ..backends import dialect_of, get_backend
 from ..conf import app_settings
-from ..exceptions import CoordinationError, DuplicateWrite, StaleToken, UnfencedWrite
+from ..exceptions import CoordinationError, DuplicateWrite, StaleToken, UnfencedWrite, shown_step
 from ..leases import Lease
 from ..logfields import LogFields
 from ..models import Rejection, RejectionReason
@@ -59,7 +59,7 @@ def record_rejection(
         LogFields(
             reason=reason, resource=resource, key=grant.key, token=grant.token, step=step,
             holder=grant.holder, watermark_token=rejection.watermark_token,
-            watermark_step=rejection.watermark_step,
+            watermark_step=shown_step(rejection.watermark_step),
         ),
         extra={
             "coordination": {
