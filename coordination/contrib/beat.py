@@ -49,7 +49,7 @@ from .beat_scheduler import (
     FencedScheduler,
     claim_slot,
     current_slot,
-    latest_due,  # noqa: F401  # not public; its tests import it from here
+    latest_due,  # not public; its tests import it from here
     mark_sent,
     next_due,
     once_per_slot,
