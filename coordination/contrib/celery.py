@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any, NoReturn, TypeVar, cast, overload
+from typing import Any, Concatenate, Literal, NoReturn, ParamSpec, TypeVar, cast, overload
 
 from celery import Task, shared_task
 from celery._state import _task_stack  # type: ignore[attr-defined]
@@ -28,7 +28,14 @@ from celery.signals import worker_init
 
 from .. import locks, signals
 from ..conf import app_settings
-from ..exceptions import InvalidInput
+from ..exceptions import (
+    DuplicateWrite,
+    InvalidInput,
+    LeaseLost,
+    StaleInstance,
+    StaleToken,
+    UnfencedWrite,
+)
 from ..leases import Lease
 from ..logfields import LogFields
 from ..models import Lock
@@ -44,8 +51,9 @@ from .execution import (
     skipped,
     validate_on_busy,
 )
+from .lock_keys import check_template
 
-__all__ = ["ENQUEUE_TOKEN_HEADER", "FencedTask", "Skipped", "fenced_task", "supersede_key"]
+__all__ = ["ENQUEUE_TOKEN_HEADER", "REFUSALS", "FencedTask", "Skipped", "fenced_task", "supersede_key"]
 
 logger = logging.getLogger("coordination.tasks")
 
@@ -53,6 +61,14 @@ ENQUEUE_TOKEN_HEADER = "coordination_enqueue_token"
 """Message header of a supersede-mode task: the token its producer took at enqueue."""
 
 _F = TypeVar("_F", bound=Callable[..., Any])
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+#: What a fenced task raises when a late write is refused: expected, so Celery logs
+#: them at INFO without a traceback ("raised expected"), not at ERROR.
+REFUSALS: tuple[type[Exception], ...] = (
+    StaleToken, DuplicateWrite, StaleInstance, UnfencedWrite, LeaseLost,
+)
 
 
 def supersede_key(key: str) -> str:
@@ -60,7 +76,7 @@ def supersede_key(key: str) -> str:
     return f"supersede:{key}"
 
 
-class FencedTask(Task):  # type: ignore[type-arg]  # the body's signature is not known here
+class FencedTask(Task[_P, _R]):
     """Base class of fenced tasks: each execution runs under a new grant of its lock.
 
     Configured by class attributes, which ``fenced_task`` sets from its arguments:
@@ -77,6 +93,12 @@ class FencedTask(Task):  # type: ignore[type-arg]  # the body's signature is not
     fenced_supersede: bool = False
     fenced_once_per_slot: bool = False
     fenced_concurrency: int | None = None
+
+    throws = REFUSALS
+    """Refused late writes are what a fencing token is for: Celery logs them as
+    expected (INFO, no traceback). ``throws=()`` on the decorator logs them as
+    errors with their traceback; a tuple of your own replaces this one (add
+    ``REFUSALS`` to it to keep them expected)."""
 
     @property
     def grant(self) -> Lease | None:
@@ -223,7 +245,7 @@ class FencedTask(Task):  # type: ignore[type-arg]  # the body's signature is not
 
 
 @overload
-def fenced_task(__func: _F) -> Any: ...
+def fenced_task(__func: _F) -> NoReturn: ...
 
 
 @overload
@@ -238,8 +260,26 @@ def fenced_task(
     once_per_slot: bool = False,
     concurrency: int | None = None,
     app: Any = None,
+    bind: Literal[False] = False,
     **options: Any,
-) -> Callable[[_F], Any]: ...
+) -> Callable[[Callable[_P, _R]], FencedTask[_P, _R]]: ...
+
+
+@overload
+def fenced_task(
+    *,
+    lock: LockSpec,
+    ttl: float | None = None,
+    wait: float = 0.0,
+    on_busy: OnBusy = "retry",
+    keepalive: bool = True,
+    supersede: bool = False,
+    once_per_slot: bool = False,
+    concurrency: int | None = None,
+    app: Any = None,
+    bind: Literal[True],
+    **options: Any,
+) -> Callable[[Callable[Concatenate[Any, _P], _R]], FencedTask[_P, _R]]: ...
 
 
 def fenced_task(
@@ -254,6 +294,7 @@ def fenced_task(
     once_per_slot: bool = False,
     concurrency: int | None = None,
     app: Any = None,
+    bind: bool = False,
     **options: Any,
 ) -> Any:
     """Declare a Celery task whose every execution runs under a new grant of ``lock``.
@@ -287,7 +328,11 @@ def fenced_task(
     - ``app``: register on this Celery app (default: ``shared_task``).
 
     Other keyword arguments are Celery task options (``bind``, ``acks_late``,
-    ``max_retries``, ``autoretry_for``...). In a bound task, ``self.grant`` is the
+    ``max_retries``, ``autoretry_for``, ``throws``...). A template naming an
+    argument the function does not take is refused here, when the task is
+    declared, not in the worker. Typed as ``FencedTask[P, R]`` (a Celery
+    ``Task[P, R]``) over the function, so ``.delay()`` and ``.apply_async()``
+    are checked. In a bound task, ``self.grant`` is the
     execution's grant; in any task, ``locks.current_grant()`` is, and the fenced
     writes of :mod:`coordination.fencing` use it when given none.
     """
@@ -316,8 +361,9 @@ def fenced_task(
     )
     register = shared_task if app is None else app.task
 
-    def decorate(func: _F) -> Any:
-        return register(**options)(func)
+    def decorate(func: Callable[..., Any]) -> Any:
+        check_template(lock, func, bound=bind)
+        return register(bind=bind, **options)(func)
 
     return decorate
 

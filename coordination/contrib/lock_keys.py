@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import functools
 import inspect
+import string
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..exceptions import InvalidInput
 from ..models import validate_key
 
-__all__ = ["LockSpec", "lock_key_for", "resolve_lock_key"]
+__all__ = ["LockSpec", "check_template", "lock_key_for", "resolve_lock_key"]
 
 #: A lock key template over the task's arguments (``"account:{account_id}"``) or a
 #: callable taking the task's arguments and returning the key.
@@ -66,3 +67,30 @@ def _signature(func: Callable[..., Any]) -> inspect.Signature:
         return _cached_signature(func)
     except TypeError:  # unhashable callables (bound methods are hashable)
         return inspect.signature(func)
+
+
+def check_template(spec: LockSpec, func: Callable[..., Any], *, bound: bool = False) -> None:
+    """Refuse, when the task is declared, a template naming an argument ``func`` does
+    not take: ``"order:{orderid}"`` on ``def settle(order_id)`` would fail every
+    execution in the worker. ``bound``: the first parameter is the task itself,
+    which a template cannot name. A callable, or a function taking ``**kwargs``,
+    is checked at each call only."""
+    if callable(spec):
+        return
+    parameters = list(_signature(func).parameters.values())
+    if bound and parameters:
+        parameters = parameters[1:]
+    if any(parameter.kind is parameter.VAR_KEYWORD for parameter in parameters):
+        return
+    takes = [parameter.name for parameter in parameters if parameter.kind is not parameter.VAR_POSITIONAL]
+    try:
+        fields = [field for _text, field, _spec, _conv in string.Formatter().parse(spec) if field is not None]
+    except ValueError as error:
+        raise InvalidInput(f"lock key template {spec!r} is not a valid template: {error}") from None
+    for field in fields:
+        name = field.split(".", 1)[0].split("[", 1)[0]
+        if name not in takes:
+            raise InvalidInput(
+                f"lock key template {spec!r} of {func.__qualname__} names {{{name}}}, which is not "
+                f"one of its parameters ({', '.join(takes) or 'none'})"
+            )
