@@ -59,6 +59,7 @@ from .execution import (
     resolve_lock_key,
     validate_on_busy,
 )
+from .lock_keys import check_template
 
 __all__ = ["fenced", "fenced_task"]
 
@@ -91,6 +92,7 @@ def fenced(
     busy = validate_on_busy(on_busy, ("skip", "raise"))
 
     def decorate(func: _F) -> _F:
+        check_template(lock, func, bound=takes_context)
         signature = _key_signature(func, takes_context)
         name = f"{func.__module__}.{func.__qualname__}"
 
