@@ -11,7 +11,12 @@ A page asks for a generated part with a marker line, ``<!-- generated: NAME -->`
   with the API's own schema settings, as ``/api/schema/`` serves it. The schema
   itself is written to the site as ``reference/openapi.json``.
 
-Nothing here is copied by hand, so the pages cannot drift from the code.
+Nothing here is copied by hand, so the pages cannot drift from the code. The
+reference parts (settings, exceptions, commands, openapi) are also committed
+between their marker and ``<!-- end generated: NAME -->``, so the pages read
+whole in the repository and on the package's page; the build writes them
+afresh, ``python docs/hooks/generated.py --write`` rewrites the committed copy,
+and ``tests/unit/test_reference_pages.py`` fails when it differs from the code.
 """
 
 from __future__ import annotations
@@ -27,7 +32,14 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
-MARKER = re.compile(r"^<!-- generated: (?P<name>[a-z]+) -->$", re.MULTILINE)
+# A marker, then (for a committed part) its last written text and the end marker.
+MARKER = re.compile(
+    r"^<!-- generated: (?P<name>[a-z]+) -->$"
+    r"(?:\n.*?^<!-- end generated: (?P=name) -->$)?",
+    re.MULTILINE | re.DOTALL,
+)
+COMMITTED = ("settings", "exceptions", "commands", "openapi")
+"""The parts kept in the repository's pages too; the changelog is CHANGELOG.md's."""
 _schema: dict[str, Any] | None = None
 
 
@@ -45,13 +57,50 @@ def on_config(config: Any) -> Any:
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    return refreshed(markdown, page.file.src_uri)
+
+
+def refreshed(markdown: str, where: str) -> str:
+    """``markdown`` with every generated part written afresh from the code."""
     def generate(match: re.Match[str]) -> str:
         name = match["name"]
         if name not in GENERATORS:
-            raise ValueError(f"{page.file.src_uri}: no generator {name!r} (known: {', '.join(GENERATORS)})")
-        return GENERATORS[name]()
+            raise ValueError(f"{where}: no generator {name!r} (known: {', '.join(GENERATORS)})")
+        text = GENERATORS[name]().rstrip("\n")
+        if name not in COMMITTED:
+            return text
+        return f"<!-- generated: {name} -->\n{text}\n<!-- end generated: {name} -->"
 
     return MARKER.sub(generate, markdown)
+
+
+def committed_pages() -> list[Path]:
+    """The pages of docs/ with a committed generated part."""
+    return [
+        page for page in sorted((REPO / "docs").rglob("*.md"))
+        if any(match["name"] in COMMITTED for match in MARKER.finditer(page.read_text()))
+    ]
+
+
+def main(argv: list[str]) -> int:
+    """``--write``: rewrite the committed parts; ``--check``: say which pages differ."""
+    if argv not in (["--write"], ["--check"]):
+        print("usage: python docs/hooks/generated.py --write | --check", file=sys.stderr)
+        return 2
+    on_config(None)
+    os.environ["COLUMNS"] = "100"
+    stale = []
+    for page in committed_pages():
+        text = page.read_text()
+        fresh = refreshed(text, str(page.relative_to(REPO)))
+        if fresh != text:
+            stale.append(page.relative_to(REPO))
+            if argv == ["--write"]:
+                page.write_text(fresh)
+    verb = "rewritten" if argv == ["--write"] else "out of date"
+    for page in stale:
+        print(f"{page}: {verb}")
+    return 1 if stale and argv == ["--check"] else 0
 
 
 def on_files(files: Any, config: Any) -> Any:
@@ -250,3 +299,7 @@ GENERATORS = {
     "commands": commands_help,
     "openapi": openapi_reference,
 }
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
