@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from io import StringIO
 from typing import Any
 
@@ -14,6 +15,7 @@ from django.test import override_settings
 from django.test.utils import isolate_apps
 
 from coordination import checks
+from coordination.checks import fenced_models
 from coordination.fencing import FencedModel
 
 SQLITE = {"ENGINE": "django.db.backends.sqlite3", "NAME": "x.sqlite3"}
@@ -191,7 +193,7 @@ def test_api_urls_included_at_any_depth_count() -> None:
 @pytest.fixture
 def isolated_models(monkeypatch: pytest.MonkeyPatch) -> Any:
     with isolate_apps("project.demo") as registry:
-        monkeypatch.setattr(checks, "apps", registry)
+        monkeypatch.setattr(fenced_models, "apps", registry)
         yield registry
 
 
@@ -336,12 +338,12 @@ def test_w003_names_both_numbers_and_the_fix() -> None:
 
 
 def test_redis_broker_without_the_redis_package_is_e023(monkeypatch: pytest.MonkeyPatch) -> None:
-    real_find_spec = checks.importlib.util.find_spec
+    real_find_spec = importlib.util.find_spec
 
     def find_spec(name: str, *args: Any) -> Any:
         return None if name == "redis" else real_find_spec(name, *args)
 
-    monkeypatch.setattr(checks.importlib.util, "find_spec", find_spec)
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
     with override_settings(CELERY_BROKER_URL="redis://localhost:6379/0"):
         (message,) = checks.check_celery_broker_client()
     assert message.id == "coordination.E023"
