@@ -14,10 +14,16 @@ from django.db import DatabaseError, connections, router
 
 from .. import watermarks
 from ..backends import dialect_for_settings, dialect_of
-from ..conf import app_settings
+from ..conf import DEFAULTS, user_settings
 from ..models import Lock, TokenFloor
 
 TOKEN_WARNING_THRESHOLD = 2**62
+
+
+def grant_point_alias() -> str:
+    """COORDINATION["DATABASE"], read without validating the rest: a misspelt
+    key is E003's to report, not a crash of every check that reads the settings."""
+    return str(user_settings().get("DATABASE", DEFAULTS["DATABASE"]))
 
 
 @register(Tags.compatibility)
@@ -27,7 +33,7 @@ def check_database(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
     needs IMMEDIATE transactions; W002: ATOMIC_REQUESTS on it. What the database
     asks of its settings is its backend's (``Dialect.check_settings``)."""
     messages: list[CheckMessage] = []
-    alias = app_settings.DATABASE
+    alias = grant_point_alias()
     config = settings.DATABASES.get(alias)
     if config is None:
         return [
@@ -63,7 +69,7 @@ def check_token_headroom(
 
     A database check: it runs with ``manage.py check --database default``.
     """
-    alias = app_settings.DATABASE
+    alias = grant_point_alias()
     if not databases or alias not in databases:
         return []
     try:
@@ -143,7 +149,7 @@ def check_promotion_guard(
 
     A database check: it runs with ``manage.py check --database default``.
     """
-    alias = app_settings.DATABASE
+    alias = grant_point_alias()
     if not databases or alias not in databases:
         return []
     try:

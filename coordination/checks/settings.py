@@ -11,7 +11,7 @@ from django.core.checks import CheckMessage, Error, register
 
 from ..access import MODES
 from ..backends import GRANT_POINTS
-from ..conf import DEFAULTS
+from ..conf import DEFAULTS, did_you_mean, unknown_settings
 from ..election import ROLE_PREFIX
 from ..exceptions import CoordinationError
 from ..models import validate_key
@@ -21,12 +21,13 @@ from ..models import validate_key
 def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
     """E003: unknown or inconsistent COORDINATION settings; E005: an unknown GRANT_POINT."""
     user = getattr(settings, "COORDINATION", {}) or {}
-    unknown = sorted(set(user) - set(DEFAULTS))
+    unknown = unknown_settings(user)
     if unknown:
+        guess = did_you_mean(unknown)
         return [
             Error(
                 f"Unknown COORDINATION settings: {', '.join(unknown)}.",
-                hint=f"Known settings: {', '.join(sorted(DEFAULTS))}.",
+                hint=f"{guess + ' ' if guess else ''}Known settings: {', '.join(sorted(DEFAULTS))}.",
                 id="coordination.E003",
             )
         ]

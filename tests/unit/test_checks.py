@@ -236,6 +236,30 @@ def test_unknown_coordination_setting_is_e003() -> None:
         assert ids(checks.check_settings()) == ["coordination.E003"]
 
 
+def test_a_misspelt_setting_is_e003_with_the_key_meant_not_a_crash() -> None:
+    with override_settings(COORDINATION={"RECORD_WRITE": True}):
+        (message,) = checks.check_settings()
+        assert message.id == "coordination.E003"
+        assert "RECORD_WRITE" in message.msg
+        assert "Did you mean 'RECORD_WRITES'?" in (message.hint or "")
+        # The whole check run reports it instead of raising ImproperlyConfigured
+        # from a check that reads the settings.
+        with pytest.raises(SystemCheckError, match=r"coordination\.E003"):
+            call_command("check", stdout=StringIO(), stderr=StringIO())
+
+
+def test_code_reading_a_misspelt_setting_still_fails_clearly() -> None:
+    from django.core.exceptions import ImproperlyConfigured
+
+    from coordination.conf import app_settings
+
+    with (
+        override_settings(COORDINATION={"RECORD_WRITE": True}),
+        pytest.raises(ImproperlyConfigured, match=r"did you mean 'RECORD_WRITES'"),
+    ):
+        assert app_settings.RECORD_WRITES is None  # never reached: the read raises
+
+
 def test_ttl_bounds_out_of_order_is_e003() -> None:
     with override_settings(COORDINATION={"MIN_TTL": 10.0, "DEFAULT_TTL": 5.0}):
         assert ids(checks.check_settings()) == ["coordination.E003"]
