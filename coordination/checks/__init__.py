@@ -1,8 +1,9 @@
 """System checks, ids ``coordination.E0xx`` (errors) and ``coordination.W0xx`` (warnings).
 
 One module per subsystem: ``settings`` (the COORDINATION dict), ``database``
-(the grant point's database), ``fenced_models``, ``api`` (the REST API's
-apps), ``celery``. Importing this package registers them all (``apps.py``).
+(the grant point's database), ``fenced_models``, ``api`` (the REST API's apps),
+``celery`` and ``deployment`` (``check --deploy``). Importing this package
+registers them all (``apps.py``).
 
 Checks that read only settings and code are registered without the ``database``
 tag, so plain ``manage.py check``, ``runserver``, ``migrate`` and a fenced Celery
@@ -23,12 +24,13 @@ from .database import (
     check_token_headroom,
     check_watermark_triggers,
 )
+from .deployment import check_api_throttle_cache
 from .fenced_models import check_fenced_models
 from .settings import check_access_rules, check_settings
 
 __all__ = [
     "API_APPS", "API_URLCONF", "TOKEN_WARNING_THRESHOLD", "api_is_mounted", "check_access_rules",
-    "check_api_apps", "check_celery_broker_client", "check_celery_fenced_tasks",
+    "check_api_apps", "check_api_throttle_cache", "check_celery_broker_client", "check_celery_fenced_tasks",
     "check_celery_visibility_timeout", "check_database", "check_fenced_models",
     "check_promotion_guard", "check_settings", "check_token_headroom", "check_watermark_triggers",
 ]

@@ -187,6 +187,48 @@ def test_api_urls_included_at_any_depth_count() -> None:
         assert checks.api_is_mounted()
 
 
+# --- W021: check --deploy, the API throttles need a shared cache ---------------
+
+LOCMEM = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+DUMMY = {"default": {"BACKEND": "django.core.cache.backends.dummy.DummyCache"}}
+SHARED = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
+                      "LOCATION": "redis://127.0.0.1:6379/0"}}
+
+
+def test_the_api_throttles_on_a_local_memory_cache_are_w021_under_deploy() -> None:
+    with override_settings(CACHES=LOCMEM):
+        (message,) = checks.check_api_throttle_cache()
+    assert message.id == "coordination.W021" and message.level == WARNING
+    assert "LocMemCache" in message.msg and "API_THROTTLE_RATE" in message.msg
+    assert "shared by every process" in message.hint
+    with override_settings(CACHES=DUMMY):
+        (message,) = checks.check_api_throttle_cache()
+    assert "no rate is ever enforced" in message.msg
+
+
+def test_a_shared_cache_no_throttle_or_no_api_is_no_w021() -> None:
+    with override_settings(CACHES=SHARED):
+        assert checks.check_api_throttle_cache() == []
+    with override_settings(
+        CACHES=LOCMEM,
+        COORDINATION={"API_THROTTLE_RATE": None, "API_ANON_THROTTLE_RATE": None},
+    ):
+        assert checks.check_api_throttle_cache() == []
+    with override_settings(CACHES=LOCMEM, ROOT_URLCONF="tests.support.urls_without_api"):
+        assert checks.check_api_throttle_cache() == []
+
+
+def test_w021_runs_under_check_deploy_only() -> None:
+    from django.core.checks.registry import registry
+
+    assert checks.check_api_throttle_cache in registry.get_checks(include_deployment_checks=True)
+    assert checks.check_api_throttle_cache not in registry.get_checks()
+    out = StringIO()
+    with override_settings(CACHES=LOCMEM):
+        call_command("check", deploy=True, stdout=out, stderr=out)
+    assert "coordination.W021" in out.getvalue()
+
+
 # --- E002: FencedModel declares its lock --------------------------------------
 
 
