@@ -65,9 +65,12 @@ Defaults (override any key in your settings)::
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
 from typing import Any
 
 from django.conf import settings as django_settings
+from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
@@ -103,6 +106,31 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
+def user_settings() -> dict[str, Any]:
+    """``settings.COORDINATION`` as the site wrote it (empty when unset), unchecked."""
+    user = getattr(django_settings, "COORDINATION", {}) or {}
+    return dict(user) if isinstance(user, dict) else {}
+
+
+def unknown_settings(names: Iterable[str]) -> list[str]:
+    """The ``names`` that are no COORDINATION setting, sorted."""
+    return sorted(set(names) - set(DEFAULTS))
+
+
+def meant(name: str) -> str | None:
+    """The known setting a misspelt ``name`` most likely means, if any is close."""
+    close = difflib.get_close_matches(name, DEFAULTS, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def did_you_mean(unknown: list[str]) -> str:
+    """"Did you mean 'X'?" for the misspelt settings in ``unknown`` (empty if none is close)."""
+    guesses = [(name, guess) for name in unknown if (guess := meant(name)) is not None]
+    if len(unknown) == 1 and guesses:
+        return f"Did you mean {guesses[0][1]!r}?"
+    return " ".join(f"{name}: did you mean {guess!r}?" for name, guess in guesses)
+
+
 class CoordinationSettings:
     """Attribute access to ``settings.COORDINATION`` with defaults, cached until changed.
 
@@ -117,12 +145,12 @@ class CoordinationSettings:
     def _values(self) -> dict[str, Any]:
         if self._cache is None:
             user = getattr(django_settings, "COORDINATION", {}) or {}
-            unknown = set(user) - set(DEFAULTS)
+            unknown = unknown_settings(user)
             if unknown:
-                from django.core.exceptions import ImproperlyConfigured
-
+                guess = did_you_mean(unknown)
                 raise ImproperlyConfigured(
-                    f"Unknown COORDINATION settings: {', '.join(sorted(unknown))}. "
+                    f"Unknown COORDINATION settings: {', '.join(unknown)}"
+                    f"{' (' + guess[0].lower() + guess[1:] + ')' if guess else ''}. "
                     f"Known: {', '.join(sorted(DEFAULTS))}."
                 )
             self._cache = {**DEFAULTS, **user}

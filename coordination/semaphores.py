@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import random
+import re
 import time
 
 from django.db.models import Q
@@ -38,8 +39,8 @@ from .models import DatabaseNow, Lock, validate_holder, validate_key
 from .waiting import Waiter, announce_grant, await_grant, grant_timings, wait_for_grant
 
 __all__ = [
-    "MAX_PERMITS", "aacquire_permit", "acquire_permit", "permit_keys", "permit_queue",
-    "permit_slot",
+    "MAX_PERMITS", "aacquire_permit", "acquire_permit", "parse_slot_key", "permit_keys",
+    "permit_queue", "permit_slot", "slot_key",
 ]
 
 MAX_PERMITS = 1000
@@ -51,24 +52,45 @@ QUEUE_SUFFIX = "*"
 so no lock key is ever the name of a semaphore's queue."""
 
 
+QUEUE_KEY_SUFFIX = f"{SLOT_SEPARATOR}{QUEUE_SUFFIX}"
+"""``@*``: what a semaphore's name ends with to name its queue (and, in the
+dashboard's ``key`` parameter, the whole semaphore)."""
+
+_SLOT_KEY = re.compile(rf"(?P<name>.+){SLOT_SEPARATOR}(?P<slot>[1-9][0-9]*)")
+
+
+def slot_key(name: str, slot: int) -> str:
+    """The lock key of slot ``slot`` of semaphore ``name``: ``<name>@<slot>``."""
+    return f"{name}{SLOT_SEPARATOR}{slot}"
+
+
+def parse_slot_key(key: str) -> tuple[str, int] | None:
+    """The semaphore name and slot number of a slot's key (:func:`slot_key`), or
+    None for a key of no slot."""
+    match = _SLOT_KEY.fullmatch(key)
+    return (match["name"], int(match["slot"])) if match else None
+
+
 def permit_keys(name: str, limit: int) -> list[str]:
     """The lock keys of the ``limit`` slots of semaphore ``name``: ``<name>@1`` ... ``<name>@N``."""
     name = validate_key(name, what="semaphore name")
     if isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= MAX_PERMITS:
         raise InvalidInput(f"limit must be an integer from 1 to {MAX_PERMITS}")
-    return [validate_key(f"{name}{SLOT_SEPARATOR}{slot}") for slot in range(1, limit + 1)]
+    return [validate_key(slot_key(name, slot)) for slot in range(1, limit + 1)]
 
 
 def permit_queue(name: str) -> str:
     """The name of the waiters' queue of semaphore ``name`` (``<name>@*``): the
     ``lock_key`` of their :class:`~coordination.models.Ticket` rows."""
-    return f"{validate_key(name, what='semaphore name')}{SLOT_SEPARATOR}{QUEUE_SUFFIX}"
+    return f"{validate_key(name, what='semaphore name')}{QUEUE_KEY_SUFFIX}"
 
 
 def permit_slot(permit: Lease) -> int:
     """The slot number (1 to N) of a permit."""
-    _, _, slot = permit.key.rpartition(SLOT_SEPARATOR)
-    return int(slot)
+    parsed = parse_slot_key(permit.key)
+    if parsed is None:
+        raise InvalidInput(f"{permit.key!r} is no semaphore permit's key")
+    return parsed[1]
 
 
 def acquire_permit(
@@ -219,6 +241,6 @@ def _all_held(name: str, limit: int, keys: list[str], alias: str) -> LockHeld:
     ]
     first = min(ends, default=now)
     return LockHeld(
-        f"{name}{SLOT_SEPARATOR}*", f"all {limit} permits of {name!r}", first,
+        f"{name}{QUEUE_KEY_SUFFIX}", f"all {limit} permits of {name!r}", first,
         max((first - now).total_seconds(), float(app_settings.POLL_INTERVAL)),
     )

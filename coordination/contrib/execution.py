@@ -42,6 +42,7 @@ from typing import Any, Literal, Required, TypedDict, TypeVar, Unpack, cast, get
 from .. import aio, jobs, locks, signals
 from ..conf import app_settings
 from ..exceptions import InvalidInput, LockHeld
+from ..holders import task_holder
 from ..keepalive import AsyncKeepAlive, KeepAlive
 from ..leases import Lease
 from ..logfields import LogFields
@@ -82,11 +83,7 @@ def holder_name(task_name: str, task_id: str | None, attempt: int) -> str:
     The task id alone is not a holder identity (retries and redeliveries share
     it); the attempt number and process tell the executions apart in the admin.
     """
-    host = socket.gethostname()
-    name = f"{task_name}[{task_id or 'direct'}]#{attempt} on {host}:{os.getpid()}"
-    if len(name) > HOLDER_MAX_LENGTH:
-        name = name[: HOLDER_MAX_LENGTH - 1] + "~"
-    return name
+    return task_holder(task_name, task_id, attempt, max_length=HOLDER_MAX_LENGTH)
 
 
 class Skipped(dict[str, Any]):

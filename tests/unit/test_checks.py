@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from io import StringIO
 from typing import Any
 
@@ -14,6 +15,7 @@ from django.test import override_settings
 from django.test.utils import isolate_apps
 
 from coordination import checks
+from coordination.checks import fenced_models
 from coordination.fencing import FencedModel
 
 SQLITE = {"ENGINE": "django.db.backends.sqlite3", "NAME": "x.sqlite3"}
@@ -185,13 +187,55 @@ def test_api_urls_included_at_any_depth_count() -> None:
         assert checks.api_is_mounted()
 
 
+# --- W021: check --deploy, the API throttles need a shared cache ---------------
+
+LOCMEM = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+DUMMY = {"default": {"BACKEND": "django.core.cache.backends.dummy.DummyCache"}}
+SHARED = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
+                      "LOCATION": "redis://127.0.0.1:6379/0"}}
+
+
+def test_the_api_throttles_on_a_local_memory_cache_are_w021_under_deploy() -> None:
+    with override_settings(CACHES=LOCMEM):
+        (message,) = checks.check_api_throttle_cache()
+    assert message.id == "coordination.W021" and message.level == WARNING
+    assert "LocMemCache" in message.msg and "API_THROTTLE_RATE" in message.msg
+    assert "shared by every process" in message.hint
+    with override_settings(CACHES=DUMMY):
+        (message,) = checks.check_api_throttle_cache()
+    assert "no rate is ever enforced" in message.msg
+
+
+def test_a_shared_cache_no_throttle_or_no_api_is_no_w021() -> None:
+    with override_settings(CACHES=SHARED):
+        assert checks.check_api_throttle_cache() == []
+    with override_settings(
+        CACHES=LOCMEM,
+        COORDINATION={"API_THROTTLE_RATE": None, "API_ANON_THROTTLE_RATE": None},
+    ):
+        assert checks.check_api_throttle_cache() == []
+    with override_settings(CACHES=LOCMEM, ROOT_URLCONF="tests.support.urls_without_api"):
+        assert checks.check_api_throttle_cache() == []
+
+
+def test_w021_runs_under_check_deploy_only() -> None:
+    from django.core.checks.registry import registry
+
+    assert checks.check_api_throttle_cache in registry.get_checks(include_deployment_checks=True)
+    assert checks.check_api_throttle_cache not in registry.get_checks()
+    out = StringIO()
+    with override_settings(CACHES=LOCMEM):
+        call_command("check", deploy=True, stdout=out, stderr=out)
+    assert "coordination.W021" in out.getvalue()
+
+
 # --- E002: FencedModel declares its lock --------------------------------------
 
 
 @pytest.fixture
 def isolated_models(monkeypatch: pytest.MonkeyPatch) -> Any:
     with isolate_apps("project.demo") as registry:
-        monkeypatch.setattr(checks, "apps", registry)
+        monkeypatch.setattr(fenced_models, "apps", registry)
         yield registry
 
 
@@ -232,6 +276,30 @@ def test_fence_lock_over_fields_passes(isolated_models: Any) -> None:
 def test_unknown_coordination_setting_is_e003() -> None:
     with override_settings(COORDINATION={"MAX_TTLS": 5}):
         assert ids(checks.check_settings()) == ["coordination.E003"]
+
+
+def test_a_misspelt_setting_is_e003_with_the_key_meant_not_a_crash() -> None:
+    with override_settings(COORDINATION={"RECORD_WRITE": True}):
+        (message,) = checks.check_settings()
+        assert message.id == "coordination.E003"
+        assert "RECORD_WRITE" in message.msg
+        assert "Did you mean 'RECORD_WRITES'?" in (message.hint or "")
+        # The whole check run reports it instead of raising ImproperlyConfigured
+        # from a check that reads the settings.
+        with pytest.raises(SystemCheckError, match=r"coordination\.E003"):
+            call_command("check", stdout=StringIO(), stderr=StringIO())
+
+
+def test_code_reading_a_misspelt_setting_still_fails_clearly() -> None:
+    from django.core.exceptions import ImproperlyConfigured
+
+    from coordination.conf import app_settings
+
+    with (
+        override_settings(COORDINATION={"RECORD_WRITE": True}),
+        pytest.raises(ImproperlyConfigured, match=r"did you mean 'RECORD_WRITES'"),
+    ):
+        assert app_settings.RECORD_WRITES is None  # never reached: the read raises
 
 
 def test_ttl_bounds_out_of_order_is_e003() -> None:
@@ -336,12 +404,12 @@ def test_w003_names_both_numbers_and_the_fix() -> None:
 
 
 def test_redis_broker_without_the_redis_package_is_e023(monkeypatch: pytest.MonkeyPatch) -> None:
-    real_find_spec = checks.importlib.util.find_spec
+    real_find_spec = importlib.util.find_spec
 
     def find_spec(name: str, *args: Any) -> Any:
         return None if name == "redis" else real_find_spec(name, *args)
 
-    monkeypatch.setattr(checks.importlib.util, "find_spec", find_spec)
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
     with override_settings(CELERY_BROKER_URL="redis://localhost:6379/0"):
         (message,) = checks.check_celery_broker_client()
     assert message.id == "coordination.E023"
