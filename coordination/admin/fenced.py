@@ -107,6 +107,11 @@ class FencedModelAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def _writable(self, request: HttpRequest, obj: Any) -> bool:
         return obj is None or access.for_request(request).allows("write", fencing.lock_key_of(obj))
 
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        # The watermark is shown, never edited: a save writes the form's fields only.
+        own = list(super().get_readonly_fields(request, obj))
+        return [*own, *(name for name in ("fence", "fence_step") if name not in own)]
+
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
         fieldsets = super().get_fieldsets(request, obj)
         # Only a form that can be saved carries it (a view-only page shows fields

@@ -433,3 +433,26 @@ def test_the_watermark_field_joins_an_admin_with_its_own_fields(rf: Any, admin_u
     assert list(form.fields) == ["owner", WATERMARK_FIELD]
     assert form[WATERMARK_FIELD].value() == f"{account.fence},1"
     assert WATERMARK_FIELD not in model_admin.get_form(request, None)().fields
+
+
+def test_a_plain_fenced_model_admin_shows_the_watermark_read_only(rf: Any, admin_user: Any) -> None:
+    from django.contrib import admin
+    from django.contrib.admin.utils import flatten_fieldsets
+
+    from coordination.admin import FencedModelAdmin
+
+    class Plain(FencedModelAdmin):  # as a user's site registers it: nothing declared
+        pass
+
+    account = AccountFactory(owner="ann")
+    fenced_write(account, "20.00")
+    account.refresh_from_db()
+    model_admin = Plain(Account, admin.site)
+    request = rf.get("/")
+    request.user = admin_user
+
+    shown = flatten_fieldsets(model_admin.get_fieldsets(request, account))
+    assert {"fence", "fence_step"} <= set(shown)
+    assert {"fence", "fence_step"} <= set(model_admin.get_readonly_fields(request, account))
+    form = model_admin.get_form(request, account, fields=shown)(instance=account)
+    assert "fence" not in form.fields and "fence_step" not in form.fields

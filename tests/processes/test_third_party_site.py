@@ -305,6 +305,7 @@ def shop_environment(database: dict[str, str], broker_url: str, venv: Path) -> d
         PATH=os.pathsep.join([str(venv / "bin"), env.get("PATH", "/usr/bin:/bin")]),
         VIRTUAL_ENV=str(venv),
         CELERY_BROKER_URL=broker_url,
+        CELERY_RESULT_BACKEND=broker_url,  # the tutorial keeps task outcomes in Redis too
         DJANGO_SUPERUSER_PASSWORD=SUPERUSER_PASSWORD,
         PYTHONUNBUFFERED="1",
     )
