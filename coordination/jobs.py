@@ -30,6 +30,7 @@ also needs ``revoke`` on each running execution's own key.
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 import threading
@@ -37,7 +38,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, transaction
 from django.db.models import F, OuterRef, Subquery
 
 from . import locks
@@ -51,12 +52,13 @@ from .models import (
     JobOutcome,
     JobPolicy,
     JobTally,
+    ReportedTask,
     WhenPaused,
 )
 
 __all__ = [
-    "Policy", "Running", "clear_cache", "executions_of", "pause", "permit_name", "policy_for",
-    "record_execution", "resume", "running", "tally",
+    "Policy", "Running", "clear_cache", "executions_of", "known_tasks", "pause", "permit_name",
+    "policy_for", "record_execution", "report_tasks", "resume", "running", "tally", "unknown_task",
 ]
 
 logger = logging.getLogger("coordination.tasks")
@@ -303,3 +305,42 @@ def resume(task: str, *, by: str = "", via: str = "code") -> JobPolicy | None:
             policy.paused = False
             policy.save(changed_by=by, via=via)
     return policy
+
+
+# --- the site's fenced tasks, as the web process knows them -------------------------
+
+
+def report_tasks(names: list[str], *, using: str | None = None) -> None:
+    """Record that a worker runs the fenced tasks ``names`` (called when it starts).
+    Never raises: a worker is not stopped over this bookkeeping."""
+    alias = using or app_settings.DATABASE
+    try:
+        rows = ReportedTask.objects.using(alias)
+        rows.bulk_create([ReportedTask(task=name) for name in names], ignore_conflicts=True)
+        rows.filter(task__in=names).update(reported_at=DatabaseNow())
+    except DatabaseError as error:
+        logger.warning("could not record the worker's fenced tasks %s", LogFields(error=str(error)))
+
+
+def known_tasks(*, using: str | None = None) -> set[str]:
+    """The fenced tasks this site knows without importing them: those a worker
+    reported when it started and those that have run (their Execution rows)."""
+    alias = using or app_settings.DATABASE
+    reported = ReportedTask.objects.using(alias).values_list("task", flat=True)
+    ran = Execution.objects.using(alias).order_by().values_list("task", flat=True).distinct()
+    return {*reported, *ran}
+
+
+def unknown_task(task: str, known: set[str]) -> str | None:
+    """Why a policy for ``task`` would steer nothing (a name no known task has, a
+    pattern matching none), with the nearest known names; None if it names one."""
+    if task.endswith(TASK_PATTERN_WILDCARD):
+        prefix = task[: -len(TASK_PATTERN_WILDCARD)]
+        if any(name.startswith(prefix) for name in known):
+            return None
+        return f"{task!r} matches none of the fenced tasks this site knows"
+    if task in known:
+        return None
+    close = difflib.get_close_matches(task, sorted(known), n=3, cutoff=0.6)
+    hint = f"; did you mean {' or '.join(repr(name) for name in close)}?" if close else ""
+    return f"no fenced task named {task!r} is known to this site{hint}"

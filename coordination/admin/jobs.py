@@ -20,6 +20,7 @@ from django.utils.translation import ngettext
 
 from .. import access, jobs
 from ..conf import app_settings
+from ..dashboard import registered_fenced_tasks
 from ..exceptions import InvalidInput
 from ..models import JobPolicy, validate_task_pattern
 from .actions import Done, OperatorAction, OperatorActionsMixin, operate
@@ -32,9 +33,28 @@ class JobPolicyForm(forms.ModelForm):  # type: ignore[type-arg]
 
     rules: access.Access | None = None
 
+    ahead_of_deploy = forms.BooleanField(
+        required=False, label=_("Ahead of a deploy"),
+        help_text=_("Save a policy for a task this site does not know yet (not reported by a "
+                    "worker, never run): it applies once the task is deployed."),
+    )
+
     class Meta:
         model = JobPolicy
         fields = ["task", "paused", "when_paused", "defer_seconds", "max_running", "ttl", "on_busy", "note"]
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        task = cleaned.get("task")
+        if (
+            task and task != self.initial.get("task") and not cleaned.get("ahead_of_deploy")
+            and not JobPolicy.objects.filter(task=task).exists()  # the unique check says so
+        ):
+            refusal = jobs.unknown_task(task, site_tasks())
+            if refusal is not None:
+                self.add_error("task", _("%(why)s. Check the name, or tick “Ahead of a deploy” to "
+                                         "save it for a task not deployed yet.") % {"why": refusal})
+        return cleaned
 
     def clean_task(self) -> str:
         task = str(self.cleaned_data.get("task", ""))
@@ -53,6 +73,12 @@ class JobPolicyForm(forms.ModelForm):  # type: ignore[type-arg]
                 % {"low": app_settings.MIN_TTL, "high": app_settings.MAX_TTL}
             )
         return ttl
+
+
+def site_tasks() -> set[str]:
+    """The fenced tasks a policy may name: registered in this process, reported by a
+    worker, or run before."""
+    return {*registered_fenced_tasks(), *jobs.known_tasks()}
 
 
 def running_now(policy: JobPolicy) -> int:

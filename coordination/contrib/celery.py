@@ -24,9 +24,9 @@ from typing import Any, Concatenate, Literal, NoReturn, ParamSpec, TypeVar, cast
 from celery import Task, shared_task
 from celery._state import _task_stack  # type: ignore[attr-defined]
 from celery.exceptions import Retry
-from celery.signals import worker_init
+from celery.signals import worker_init, worker_ready
 
-from .. import locks, signals
+from .. import jobs, locks, signals
 from ..conf import app_settings
 from ..exceptions import (
     DuplicateWrite,
@@ -398,3 +398,16 @@ def check_at_worker_start(sender: Any = None, **kwargs: Any) -> None:
         listed = "\n".join(str(message) for message in errors)  # each with its hint
         # SystemExit: Celery logs and swallows ordinary exceptions of signal receivers.
         raise SystemExit(f"coordination: the worker does not start, system checks failed:\n{listed}")
+
+
+@worker_ready.connect(dispatch_uid="coordination.contrib.celery.report_fenced_tasks")
+def report_fenced_tasks(sender: Any = None, **kwargs: Any) -> None:
+    """Tell the site which fenced tasks this worker runs, once it is ready: the web
+    process, which does not import the tasks, lists them on the jobs page and
+    accepts job policies for them (:func:`coordination.jobs.report_tasks`)."""
+    app = getattr(sender, "app", None)
+    if app is None:
+        return
+    names = sorted(name for name, task in app.tasks.items() if isinstance(task, FencedTask))
+    if names:
+        jobs.report_tasks(names)

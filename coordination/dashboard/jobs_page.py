@@ -61,8 +61,9 @@ def registered_fenced_tasks() -> list[str]:
 def build_jobs(
     *, shown: Shown | None = None, may_steer: Any = None, limit: int = 200
 ) -> Jobs:
-    """The jobs page: every fenced task known (registered here, with a policy, a
-    count or an execution running now) that the viewer may read as the key
+    """The jobs page: every fenced task known (registered here, reported by a
+    worker at its start, run before, with a policy, a count or an execution
+    running now) that the viewer may read as the key
     ``task:<name>``, with its executions running now (live grants, by the
     database clock), its deferred and skipped counts, its refused writes of
     the last day and the policy in force. ``may_steer(task)`` says whether
@@ -84,7 +85,7 @@ def build_jobs(
     for execution in jobs.running(using=alias):
         running.setdefault(execution.task, []).append(execution)
     names = sorted(
-        {*registered_fenced_tasks(), *exact, *tallies, *running}, key=str
+        {*registered_fenced_tasks(), *jobs.known_tasks(using=alias), *exact, *tallies, *running}, key=str
     )
     names = [name for name in names if readable("read", jobs.permit_name(name))][:limit]
     refused: dict[str, int] = {}

@@ -81,6 +81,7 @@ from .jobs import (
     JobPolicy,
     JobPolicyChange,
     JobTally,
+    ReportedTask,
     WhenPaused,
     validate_task_pattern,
 )
@@ -127,6 +128,7 @@ __all__ = [
     "OutboxState",
     "Rejection",
     "RejectionReason",
+    "ReportedTask",
     "Role",
     "Ticket",
     "TokenFloor",

@@ -272,3 +272,18 @@ class Execution(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task}[{self.task_id}]#{self.attempt} under {self.lock_key} token {self.token}"
+
+
+class ReportedTask(models.Model):
+    """A fenced task a worker said it runs, when it started: how the jobs page and
+    the job policies know the site's fenced tasks without the web process
+    importing them (it never imports a ``tasks.py`` in a usual setup)."""
+
+    task = models.CharField(max_length=255, unique=True)
+    reported_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        ordering = ["task"]
+
+    def __str__(self) -> str:
+        return self.task

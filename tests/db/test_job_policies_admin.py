@@ -34,6 +34,18 @@ STEER = "admin:coordination_jobs_steer"
 POLICY_PERMISSIONS = ("view_jobpolicy", "add_jobpolicy", "change_jobpolicy", "delete_jobpolicy")
 
 
+# The tasks these tests name, as a worker reports them when it starts.
+SITE_TASKS = [
+    "billing.settle", "tenant-a.sync", "tenant-a.tasks.sync",
+    "tenant-b.tasks.settle", "tenant-b.tasks.unused",
+]
+
+
+@pytest.fixture(autouse=True)
+def site_tasks() -> None:
+    jobs.report_tasks(SITE_TASKS)
+
+
 @pytest.fixture(autouse=True)
 def fast_password_hashing(settings: Any) -> None:
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
@@ -346,3 +358,45 @@ def test_a_recorded_execution_is_running_until_its_lease_ends(admin_client: Clie
     assert "worker-host:4242" in admin_client.get(reverse(JOBS)).content.decode()
     locks.release(grant)
     assert jobs.running("tenant-b.tasks.settle") == []
+
+
+# --- a policy names a task the site knows ---------------------------------------------
+
+
+def test_the_admin_refuses_a_task_name_no_known_task_has_and_suggests_the_nearest(
+    admin_client: Client,
+) -> None:
+    form = {**FORM, "task": "billing.setle"}
+    answer = admin_client.post(reverse(ADD), form)
+    assert answer.status_code == 200 and not JobPolicy.objects.filter(task="billing.setle").exists()
+    text = answer.content.decode()
+    assert "no fenced task named" in text and "billing.settle" in text and "Ahead of a deploy" in text
+
+    assert admin_client.post(reverse(ADD), {**FORM, "task": "nothing.*"}).status_code == 200
+    assert not JobPolicy.objects.filter(task="nothing.*").exists()
+    assert admin_client.post(reverse(ADD), {**FORM, "task": "billing.*"}).status_code == 302
+
+
+def test_a_policy_ahead_of_a_deploy_is_saved_when_asked_for(admin_client: Client) -> None:
+    form = {**FORM, "task": "reports.tasks.nightly", "ahead_of_deploy": "on"}
+    answer = admin_client.post(reverse(ADD), form)
+    assert answer.status_code == 302
+    assert JobPolicy.objects.filter(task="reports.tasks.nightly").exists()
+
+
+def test_rest_refuses_an_unknown_task_unless_ahead_of_a_deploy() -> None:
+    api = client_for(make_user(*POLICY_PERMISSIONS))
+    refused = api.put("/api/job-policies/orders.tasks.typo_taks", {"paused": True}, format="json")
+    assert refused.status_code == 400, refused.content
+    assert refused.json()["code"] == "invalid" and "ahead_of_deploy" in str(refused.json()["errors"])
+    created = api.put(
+        "/api/job-policies/orders.tasks.typo_taks", {"paused": True, "ahead_of_deploy": True}, format="json"
+    )
+    assert created.status_code == 201 and "ahead_of_deploy" not in created.json()
+
+
+def test_a_task_a_worker_reported_or_that_ran_is_known_and_on_the_jobs_page(admin_client: Client) -> None:
+    assert jobs.unknown_task("shop.tasks.ship", jobs.known_tasks()) is not None
+    jobs.report_tasks(["shop.tasks.ship"])
+    assert jobs.unknown_task("shop.tasks.ship", jobs.known_tasks()) is None
+    assert "shop.tasks.ship" in admin_client.get(reverse("admin:coordination_jobs")).content.decode()

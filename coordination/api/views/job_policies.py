@@ -21,6 +21,7 @@ from rest_framework.response import Response
 
 from ... import access, jobs
 from ...conf import app_settings
+from ...dashboard import registered_fenced_tasks
 from ...exceptions import InvalidInput
 from ...models import KEY_MAX_LENGTH, JobPolicy, WhenPaused, validate_task_pattern
 from ..serializers import StrictCharField, StrictIntegerField, StrictSecondsField, StrictSerializer
@@ -74,6 +75,11 @@ class JobPolicyWrite(StrictSerializer):
         help_text="Overrides the decorator's on_busy; empty: the decorator's.",
     )
     note = StrictCharField(required=False, allow_blank=True, max_length=200)
+    ahead_of_deploy = StrictBooleanField(
+        required=False, default=False,
+        help_text="Create a policy for a task this site does not know yet (no worker reported "
+                  "it, it never ran): without it such a name is refused (400 `invalid`).",
+    )
 
     def get_fields(self) -> dict[str, serializers.Field[Any, Any, Any, Any]]:
         fields = super().get_fields()
@@ -83,6 +89,17 @@ class JobPolicyWrite(StrictSerializer):
             help_text="Lease of each execution, seconds; null: the decorator's.",
         )
         return fields
+
+
+def _refuse_unknown(task: str) -> None:
+    """A policy naming no fenced task the site knows would steer nothing: a typo, or a
+    task not deployed yet (``ahead_of_deploy``)."""
+    refusal = jobs.unknown_task(task, {*registered_fenced_tasks(), *jobs.known_tasks()})
+    if refusal is not None:
+        raise serializers.ValidationError(
+            {"task": [f"{refusal}; send \"ahead_of_deploy\": true to create it before the task is deployed"]},
+            code="invalid",
+        )
 
 
 def _path_task(task: str) -> str:
@@ -184,10 +201,13 @@ class JobPolicyDetailView(CoordinationView):
                 if not request.user.has_perm("coordination.add_jobpolicy"):
                     self.permission_denied(request, "Creating a policy needs 'coordination.add_jobpolicy'.")
                 policy = JobPolicy(task=_path_task(task))
+                if not body.pop("ahead_of_deploy", False):
+                    _refuse_unknown(policy.task)
             elif not partial:
                 fresh = JobPolicy(task=policy.task)
                 for name, value in fresh.state().items():
                     setattr(policy, name, value)
+            body.pop("ahead_of_deploy", None)
             for name, value in body.items():
                 setattr(policy, name, value)
             policy.save(changed_by=request.user.get_username(), via="api")
