@@ -5,7 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
+from django.core.exceptions import FieldDoesNotExist, FieldError, ValidationError
 from django.db import IntegrityError, connections, models, transaction
+from django.db.models.expressions import Col
+from django.db.models.lookups import Exact
+from django.db.models.sql.where import AND
 
 from .. import aio, signals
 from ..exceptions import CoordinationError, LeaseLost, WrongLock
@@ -18,6 +22,28 @@ from .rejections import explain_refusal, refusal_of, refuse
 from .statement import fenced_sql, write_alias
 
 _Model = TypeVar("_Model", bound=models.Model)
+
+
+def _narrowed_to(query: Any, model: Any, binding: Mapping[str, str]) -> bool:
+    """Whether ``query``'s own conditions already pin each field the lock key binds
+    to the key's value (``filter(pk=8)`` under ``order:8``): then every row it
+    holds is guarded, with no query to ask."""
+    where = query.where
+    if where.connector != AND or where.negated or query.combinator:
+        return False
+    pinned: dict[Any, Any] = {}
+    for child in where.children:
+        if isinstance(child, Exact) and isinstance(child.lhs, Col):
+            pinned[child.lhs.target] = child.rhs
+    for name, value in binding.items():
+        try:
+            field = model._meta.pk if name == "pk" else model._meta.get_field(name)
+            wanted = field.to_python(value)
+        except (FieldDoesNotExist, ValidationError, ValueError, TypeError):
+            return False
+        if field not in pinned or pinned[field] != wanted:
+            return False
+    return True
 
 
 class FencedQuerySet(models.QuerySet[_Model]):
@@ -52,8 +78,9 @@ class FencedQuerySet(models.QuerySet[_Model]):
 
         Raises ``StaleToken`` (a newer token wrote; ``current_token`` says which),
         ``DuplicateWrite`` (this token already wrote this step or a later one),
-        ``WrongLock`` (the grant's key does not guard the rows asked for; nothing is
-        written), ``LeaseLost`` (the grant was marked lost), or the model's
+        ``WrongLock`` (the grant's key does not guard all the rows asked for: all or
+        nothing, a queryset holding any row of another key writes none, and the
+        message names those rows), ``LeaseLost`` (the grant was marked lost), or the model's
         ``DoesNotExist``. Each refusal is recorded as a Rejection.
         """
         model: Any = self.model
@@ -76,6 +103,7 @@ class FencedQuerySet(models.QuerySet[_Model]):
                 resource=label, grant=grant, step=write_step, reason=RejectionReason.LEASE_LOST,
                 using=self.db,
             )
+        self._refuse_unguarded(grant, binding, write_step, label)
         token = grant.token
         alias = write_alias(self)
         admitted: models.QuerySet[Any] | None = None
@@ -122,6 +150,34 @@ class FencedQuerySet(models.QuerySet[_Model]):
                     watermark=(current, current_step), using=self.db,
                 )
         raise CoordinationError(f"fenced_update of {label} did not settle; retry")  # pragma: no cover
+
+    def _refuse_unguarded(
+        self, grant: Lease, binding: Mapping[str, str], step: int, label: str
+    ) -> None:
+        """All or nothing: refuse the whole write (``WrongLock``, recorded) if the
+        queryset holds rows the grant's key does not guard. A filter already
+        narrowed to the key's values (``filter(pk=X)`` under ``"order:{pk}"``)
+        needs no query; any other shape costs one SELECT of the unguarded rows."""
+        if _narrowed_to(self.query, self.model, binding):
+            return
+        try:
+            unguarded = self.exclude(**binding)
+        except (ValueError, ValidationError, FieldError):
+            unguarded = self  # the key's values fit no row: none is guarded
+        shown = 10
+        pks = list(unguarded.order_by().values_list("pk", flat=True)[: shown + 1])
+        if not pks:
+            return
+        named = ", ".join(str(pk) for pk in pks[:shown]) + (", ..." if len(pks) > shown else "")
+        refuse(
+            WrongLock(
+                f"lock {grant.key!r} does not guard {label} rows {named} of the rows "
+                f"asked for; nothing written (a fenced_update writes only the rows "
+                f"of its grant's key)"
+            ),
+            resource=label, grant=grant, step=step, reason=RejectionReason.WRONG_LOCK,
+            using=self.db,
+        )
 
     def _compiled_write(
         self, alias: str, token: int, step: int, binding: Mapping[str, str],

@@ -58,11 +58,24 @@ def test_a_write_is_one_update_with_the_watermark_condition_and_the_binding() ->
 
     assert written == 1
     (sql,) = updates(queries)
+    # filter(pk=X) needs no query of its rows.
+    assert not [q for q in queries.captured_queries if q["sql"].startswith("SELECT")]
     quote = connection.ops.quote_name
     assert f"({quote('demo_account')}.{quote('fence')}, " in sql
     assert f"{quote('fence_step')}) < ({grant.token}, 1)" in sql
     assert sql.count(f"{quote('demo_account')}.{quote('id')} = {account.pk}") == 2  # asked, bound
     assert row(account)[:3] == (grant.token, 1, 2)
+
+
+def test_a_filter_not_pinned_to_the_key_asks_once_for_unguarded_rows() -> None:
+    account = AccountFactory(balance=1)
+    grant = locks.acquire(f"account:{account.pk}", holder="a", ttl=5)
+
+    with CaptureQueriesContext(connection) as queries:
+        Account.objects.filter(pk__in=[account.pk]).fenced_update(grant, balance=2)
+
+    selects = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("SELECT")]
+    assert len(selects) == 1 and len(updates(queries)) == 1
 
 
 def test_stale_token_and_duplicate_step_are_refused_by_the_statement() -> None:
@@ -114,9 +127,11 @@ def test_another_filter_is_kept_beside_the_binding() -> None:
     with pytest.raises(Account.DoesNotExist):
         Account.objects.filter(pk__in=[]).fenced_update(grant, balance=7)
     assert Account.objects.filter(owner="ann").fenced_update(grant, balance=8) == 1
-    assert Account.objects.all().fenced_update(grant, balance=9) == 1
+    # All or nothing: bob's row in the queryset refuses the whole write.
+    with pytest.raises(WrongLock):
+        Account.objects.all().fenced_update(grant, balance=9)
 
-    assert (row(ann)[2], row(bob)[2]) == (9, 1)
+    assert (row(ann)[2], row(bob)[2]) == (8, 1)
 
 
 @pytest.mark.parametrize("template", ["owner:{owner}", "owner:{owner}:{pk}", "account:{pk}"])
@@ -236,8 +251,10 @@ def _shapes(ann: Account) -> list[tuple[str, str, Any, dict[str, Any], bool | No
 
 def _compare_with_the_public_path(atomic: bool) -> None:
     # A row of its own for each shape, so that each fenced_update() is accepted:
-    # a refusal's record would outlive the test's transaction.
+    # a refusal's record would outlive the test's transaction. Alone in the table:
+    # a queryset holding a row of another key is refused whole.
     for number in range(len(_shapes(AccountFactory.build(pk=0)))):
+        Account.objects.all().delete()
         ann = AccountFactory(owner=f"ann-{number}", balance=1)
         _compare_shape(atomic, ann, _shapes(ann)[number])
     assert not Rejection.objects.exists()

@@ -157,13 +157,38 @@ def test_a_key_binding_other_fields_writes_only_the_rows_it_guards(template: str
     grant = locks.acquire(key, holder="a", ttl=5)
 
     with mock.patch.object(Account, "fence_lock", template):
-        written = Account.objects.all().fenced_update(grant, balance=9)
+        # All or nothing: a queryset holding a row of another key writes none.
+        with pytest.raises(WrongLock, match=rf"rows {bob.pk} of the rows asked for"):
+            Account.objects.all().fenced_update(grant, balance=9)
+        assert (balance(ann), balance(bob)) == (1, 1)
+        written = Account.objects.filter(owner="ann").fenced_update(grant, balance=9)
         with pytest.raises(WrongLock):
             Account.objects.filter(pk=bob.pk).fenced_update(grant, balance=9)
 
     assert written == 1
     assert (balance(ann), balance(bob)) == (9, 1)
     assert Account.objects.get(pk=ann.pk).fence == grant.token
+
+
+@pytest.mark.parametrize("rows", ["pk__in", "all"])
+def test_a_queryset_of_several_keys_rows_is_refused_whole_and_recorded(rows: str) -> None:
+    mine, other = AccountFactory(balance=1), AccountFactory(balance=1)
+    grant = locks.acquire(f"account:{mine.pk}", holder="a", ttl=5)
+    queryset = (
+        Account.objects.filter(pk__in=[mine.pk, other.pk]) if rows == "pk__in"
+        else Account.objects.all()
+    )
+
+    with pytest.raises(WrongLock, match=rf"rows {other.pk} of the rows asked for"):
+        queryset.fenced_update(grant, balance=9)
+
+    assert (balance(mine), balance(other)) == (1, 1)
+    assert Account.objects.get(pk=mine.pk).fence == 0
+    rejection = Rejection.objects.get()
+    assert (rejection.reason, rejection.lock_key) == (RejectionReason.WRONG_LOCK, grant.key)
+    # The rows of the grant's key alone are written, by any filter that holds only them.
+    assert Account.objects.filter(pk__in=[mine.pk]).fenced_update(grant, balance=2) == 1
+    assert balance(mine) == 2
 
 
 def test_a_key_whose_value_does_not_fit_the_field_writes_nothing() -> None:
