@@ -104,6 +104,28 @@ class FencedModel(models.Model):
                 raise
             raise refused from error
 
+    def refresh_from_db(
+        self, using: str | None = None, fields: Any = None, from_queryset: Any = None
+    ) -> None:
+        """Django's ``refresh_from_db()``; with ``fields``, the watermark is reloaded
+        too. If it moved (a newer write changed the row since it was loaded), the
+        fields not reloaded are forgotten, loaded afresh on first use: the next
+        ``save()`` is checked against the row as it is now and writes no value
+        the newer write replaced."""
+        if fields is None:
+            super().refresh_from_db(using=using, from_queryset=from_queryset)
+            return
+        asked = list(fields)
+        before = self.carried_watermark()
+        extra = [name for name in ("fence", "fence_step") if name not in asked]
+        super().refresh_from_db(using=using, fields=[*asked, *extra], from_queryset=from_queryset)
+        if self.carried_watermark() == before:
+            return
+        reloaded = {*asked, "fence", "fence_step"}
+        for field in self._meta.concrete_fields:
+            if not field.primary_key and field.name not in reloaded and field.attname not in reloaded:
+                self.__dict__.pop(field.attname, None)
+
     def carried_watermark(self) -> tuple[int, int]:
         """The (fence, fence_step) this instance carries: as loaded, or as its own
         fenced write or insert left them; (0, 0) where it was loaded without them.

@@ -456,3 +456,29 @@ def test_a_plain_fenced_model_admin_shows_the_watermark_read_only(rf: Any, admin
     assert {"fence", "fence_step"} <= set(model_admin.get_readonly_fields(request, account))
     form = model_admin.get_form(request, account, fields=shown)(instance=account)
     assert "fence" not in form.fields and "fence_step" not in form.fields
+
+
+# --- refresh_from_db(fields=...) ---------------------------------------------------------
+
+
+def test_refreshing_some_fields_reloads_the_watermark_and_forgets_the_stale_rest() -> None:
+    account = AccountFactory(owner="ann", balance=Decimal("0.00"))
+    loaded_earlier = Account.objects.get(pk=account.pk)
+    newer = fenced_write(account, "20.00")
+
+    loaded_earlier.refresh_from_db(fields=["owner"])
+    assert loaded_earlier.carried_watermark() == (newer.token, 1)
+    assert "balance" not in loaded_earlier.__dict__  # forgotten: it was stale
+    loaded_earlier.owner = "bob"
+    loaded_earlier.save()  # not StaleInstance: checked against the row as it is now
+
+    assert stored(account) == (newer.token, 1, "bob", Decimal("20.00"))
+    assert loaded_earlier.balance == Decimal("20.00")  # loaded afresh on first use
+
+
+def test_refreshing_some_fields_of_an_unchanged_row_keeps_the_others() -> None:
+    account = AccountFactory(owner="ann", balance=Decimal("5.00"))
+    loaded = Account.objects.get(pk=account.pk)
+    loaded.balance = Decimal("6.00")  # a change in progress
+    loaded.refresh_from_db(fields=["owner"])
+    assert loaded.__dict__["balance"] == Decimal("6.00")
