@@ -30,7 +30,7 @@ _COORDINATION_BOOTSTRAP_LOADED=1
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
 export REPO_ROOT
 
-info() { printf '%s\n' "$*" >&2; }
+info() { printf '%s\n' "$*" >&2 || true; } # a closed stderr (a pipe's reader gone) is no error
 die() {
     printf 'error: %s\n' "$*" >&2
     exit 1
@@ -60,7 +60,9 @@ on_exit() {
 _run_exit_hooks() {
     local rc=$? i
     trap - EXIT
-    trap '' INT TERM HUP # cleanup must not be cut short by a second Ctrl-C
+    # Cleanup must not be cut short by a second Ctrl-C, nor by SIGPIPE when the
+    # reader of our output is gone (bin/run | tee, with tee stopped by the same Ctrl-C).
+    trap '' INT TERM HUP PIPE
     set +e
     for ((i = ${#_EXIT_HOOKS[@]} - 1; i >= 0; i--)); do
         eval "${_EXIT_HOOKS[i]}"
