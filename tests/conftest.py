@@ -55,7 +55,7 @@ KINDS = ("unit", "db", "concurrency", "processes", "browser", "cluster")
 # hung: several times the slowest test of each directory on a loaded 2-core
 # machine. A test that needs more says so with @pytest.mark.timeout(...).
 DEFAULT_LEGS = {
-    "unit": ("pg", "lts", "no database: the pg leg runs it on the same Python and Django"),
+    "unit": ("pg", "lts", "dj60", "no database: the pg leg runs it on the same Python and Django"),
     "concurrency": (
         "pg", "sqlite", "mariadb", "threads on row locks are the database's behaviour, not Django's"
     ),
@@ -114,7 +114,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(TIMEOUTS[kind]))
 
-        if leg in ("sqlite", "mariadb") and item.get_closest_marker("postgres"):
+        if leg in ("sqlite", "mariadb", "dj60") and item.get_closest_marker("postgres"):
             item.add_marker(pytest.mark.skip(reason=POSTGRES_ONLY))
         legs_mark = item.get_closest_marker("legs")
         if legs_mark is not None:

@@ -1,9 +1,10 @@
 """Which leg this run is, and what a missing service means on it.
 
-bin/test runs the suite on four legs: ``pg`` (PostgreSQL, the main Django),
+bin/test runs the suite on five legs: ``pg`` (PostgreSQL, the main Django),
 ``sqlite`` (the embedded SQLite default, the main Django), ``lts``
-(PostgreSQL, Django 5.2 LTS) and ``mariadb`` (MariaDB, the main Django: the
-database's side of the suite). The leg is read from the database and Django the
+(PostgreSQL, Django 5.2 LTS), ``mariadb`` (MariaDB, the main Django: the
+database's side of the suite) and ``dj60`` (SQLite, Django 6.0: the unit, db
+and processes tests on the Django release between the two). The leg is read from the database and Django the
 run really uses, never from a variable that could disagree with them.
 """
 
@@ -16,7 +17,7 @@ import django
 import pytest
 from django.db import connection
 
-LEGS = ("pg", "sqlite", "lts", "mariadb")
+LEGS = ("pg", "sqlite", "lts", "mariadb", "dj60")
 
 # Why the SQLite leg skips a @pytest.mark.postgres test.
 POSTGRES_ONLY = "PostgreSQL-only behaviour; this leg is not PostgreSQL"
@@ -29,14 +30,16 @@ EXPECTED_SKIPS: dict[str, tuple[str, ...]] = {
     "sqlite": (POSTGRES_ONLY, "this Django has django.tasks"),
     "lts": ("django.tasks is Django 6.0+",),
     "mariadb": (POSTGRES_ONLY, "this Django has django.tasks"),
+    "dj60": (POSTGRES_ONLY, "this Django has django.tasks"),
 }
 
 
 def current_leg() -> str:
-    """``"sqlite"``, ``"mariadb"``, ``"pg"`` (PostgreSQL on Django 6+) or ``"lts"``
+    """``"sqlite"``, ``"dj60"`` (SQLite on Django 6.0), ``"mariadb"``, ``"pg"``
+    (PostgreSQL on Django 6+) or ``"lts"``
     (PostgreSQL on 5.2)."""
     if connection.vendor == "sqlite":
-        return "sqlite"
+        return "dj60" if django.VERSION[:2] == (6, 0) else "sqlite"
     if connection.vendor == "mysql":
         return "mariadb"
     return "pg" if django.VERSION >= (6, 0) else "lts"
