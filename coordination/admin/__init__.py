@@ -38,11 +38,13 @@ from __future__ import annotations
 from django.apps import apps as django_apps
 from django.contrib import admin
 
-# The outbox's calls (coordination.stores), registered like the app's other rows.
-from ..stores import outbox_admin  # noqa: F401
-
-# Importing the modules registers their admins on admin.site (autodiscovery
-# imports this package only).
+# Importing the area modules registers their admins on admin.site (autodiscovery
+# imports this package only), in the order admin.py registered them before it
+# became a package, so the site's URLs and checks come in the same order.
+# isort: off
+from . import locks, fences, writes, documents, rules, election, jobs  # noqa: F401
+from ..stores import outbox_admin  # noqa: F401  (the outbox's calls, like the app's other rows)
+# isort: on
 from .actions import Done, OperatorAction, OperatorActionsMixin, operate
 from .base import HistoryAdmin
 from .documents import DocumentAdmin, RebindForm
