@@ -72,6 +72,7 @@ settle.delay("one")
 """
 
 
+@pytest.mark.legs("pg", reason="mypy and the stubs are the main leg's tools (requirements/test.txt)")
 def test_delay_is_typed_over_the_functions_parameters(tmp_path: Path) -> None:
     snippet = tmp_path / "typed_tasks.py"
     snippet.write_text(textwrap.dedent(TYPED), encoding="utf-8")
