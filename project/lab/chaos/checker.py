@@ -16,7 +16,8 @@ What it checks:
   live permits than the limit at any database time, no slot above it.
 - **sets** (``acquire_many`` operations): a granted set has a grant of every
   key it asked for; a refused one left no grant of its holder (all or none).
-- **writes**, per resource: accepted (token, step) pairs are unique and
+- **writes**, per resource (a row, a ledger record, a document, an S3 object,
+  a Redis key: the resource's prefix names its store): accepted (token, step) pairs are unique and
   linearizable in (token, step) order, so accepted tokens never go down, an equal
   token is accepted only for a later step, and nothing is accepted after a higher
   token was acknowledged; one token is used by one holder only.
@@ -58,6 +59,11 @@ SHARED_HOLDERS = re.compile(r"\d+ shared holders?")
 # every Fence row at the raised token floor with the largest step, so that no
 # token from before the promotion writes again (docs/high-availability.md).
 CLOSED_STEP = 2**63 - 1
+WRITE_CHECKS = frozenset({
+    "duplicate_accepted", "token_shared", "stale_write_accepted", "unjustified_refusal",
+    "lost_write", "final_state",
+})
+"""The checks of the writes to a resource (their violations name the resource)."""
 
 
 @dataclass
@@ -150,7 +156,10 @@ class Report:
             f"unknown outcomes: {f['unknown']}",
             f"faults injected: {f['faults']}  (by kind: {_fmt(f['faults_by_kind'])})",
             f"stale writes attempted: {f['stale_write_attempts']}",
-            f"grants checked: {f['grants_checked']}   resources checked: {f['resources_checked']}",
+            f"grants checked: {f['grants_checked']}   resources checked: {f['resources_checked']}"
+            f"  (by store: {_fmt(f.get('resources_by_store', {}))})",
+            f"accepted writes by store: {_fmt(f.get('accepted_writes_by_store', {}))}   "
+            f"stale tokens refused by store: {_fmt(f.get('stale_refused_by_store', {}))}",
             f"violations: {len(self.violations)}  (by check: {_fmt(f['violations_by_check'])})",
         ]
         if "failovers" in f:
@@ -168,8 +177,16 @@ class Report:
             lines.append(f"  ... and {len(self.violations) - limit} more")
         if not self.violations and self.stale_attempts == 0:
             lines.append("no stale write was attempted: the faults did not bite; the run proves nothing")
+        if self.violations:
+            lines.append(f"violations by store: {_fmt(f.get('violations_by_store', {}))}")
         lines.append("PASSED" if self.passed else "FAILED")
         return "\n".join(lines)
+
+
+def _store(resource: str) -> str:
+    """The store a resource is in, by its prefix: ``account`` (the Account rows),
+    ``ledger``, ``document``, ``s3``, ``redis``."""
+    return resource.split(":", 1)[0]
 
 
 def _span(values: list[int]) -> str:
@@ -247,6 +264,16 @@ def check(events: Sequence[Event]) -> Report:
         "stale_write_attempts": stale_attempts,
         "grants_checked": grant_figures,
         "resources_checked": resources,
+        "resources_by_store": dict(Counter(
+            _store(resource) for resource in {op.resource for op in ops if op.op == "write"}
+        )),
+        "accepted_writes_by_store": dict(Counter(_store(op.resource) for op in ops
+                                                 if op.op == "write" and op.ok)),
+        "stale_refused_by_store": dict(Counter(_store(op.resource) for op in ops if op.op == "write"
+                                               and op.outcome == "refused" and op.reason == "stale_token")),
+        # Of the writes' checks (a grant's violation names its key, which may read like a resource).
+        "violations_by_store": dict(Counter(_store(v.subject) for v in violations
+                                            if v.check in WRITE_CHECKS)),
         "violations": len(violations),
         "violations_by_check": dict(Counter(v.check for v in violations)),
     }

@@ -35,6 +35,7 @@ from .patroni import (
     failover_figures,
     restore_guard,
 )
+from .stores import StoreWrites, prepare_stores
 from .worker import HOLDING, STARTING
 
 __all__ = ["ChaosConfig", "ChaosError", "ChaosRun"]
@@ -63,6 +64,11 @@ class ChaosConfig:
     history: str | None = None
     fault_interval: float = 1.5
     documents: bool | None = None  # None: when coordination.documents is installed
+    # An S3 object and a Redis key per account, written under the cycle's grant
+    # (project.lab.chaos.stores): each store is in the workload when given.
+    redis_url: str = ""
+    s3_endpoint: str = ""
+    s3_bucket: str = "coordination-chaos"
     faults: tuple[str, ...] = field(default=FAULT_KINDS)
     celery: bool = False  # the workers are `celery worker` processes running a fenced task
     # Readers, permits of a semaphore and sets of two keys besides exclusive
@@ -127,6 +133,7 @@ class ChaosRun:
         self.log: HistoryWriter | None = None
         self.accounts: list[int] = []
         self.documents = False
+        self.stores: dict[str, Any] = {}
         self.started = 0.0
         self.queue = f"coordination-chaos-{os.getpid()}-{self.seed:x}"
         self.crashes = 0
@@ -158,7 +165,8 @@ class ChaosRun:
         self._prepare_database()
         kinds = self._available_faults()
         self.log.write({"type": "run", "config": {**asdict(config), "seed": self.seed},
-                        "faults_available": kinds, "documents": self.documents, "database": self.vendor})
+                        "faults_available": kinds, "documents": self.documents, "database": self.vendor,
+                        "stores": sorted(self.stores)})
         if self.primitives:
             # The checker counts this semaphore's live permits against its limit.
             self.log.write({"type": "semaphore", "name": self.semaphore, "limit": config.permits})
@@ -167,6 +175,7 @@ class ChaosRun:
             f"{config.seconds:g} s, seed {self.seed}, fencing {'on' if config.fencing else 'OFF'}, "
             f"{'celery workers running a fenced task, ' if config.celery else ''}"
             f"{'readers, permits and sets too, ' if self.primitives else ''}"
+            f"{''.join(f'{store} too, ' for store in sorted(self.stores))}"
             f"faults: {', '.join(kinds) or 'none'}"
         )
         for _ in range(config.workers):
@@ -293,6 +302,13 @@ class ChaosRun:
         available = importlib.util.find_spec("coordination.documents") is not None
         self.documents = available if wanted is None else (wanted and available)
         run_id = f"{self.seed:x}"
+        try:
+            self.stores = prepare_stores(
+                f"{os.getpid()}-{run_id}", redis_url=self.config.redis_url,
+                s3_endpoint=self.config.s3_endpoint, s3_bucket=self.config.s3_bucket,
+            )
+        except RuntimeError as error:
+            raise ChaosError(str(error)) from None
         for index in range(self.config.keys):
             account = Account.objects.using(self.alias).create(owner=f"chaos-{run_id}-{index}")
             self.accounts.append(account.pk)
@@ -384,7 +400,8 @@ class ChaosRun:
             "worker": name, "number": self.spawned, "parent": os.getpid(),
             "accounts": self.accounts, "ttl": self.config.ttl,
             "seed": self.rng.randrange(2**32), "fencing": self.config.fencing,
-            "documents": self.documents, "history": str(self.workdir / f"{name}.jsonl"),
+            "documents": self.documents, "stores": self.stores,
+            "history": str(self.workdir / f"{name}.jsonl"),
             "primitives": self.primitives, "semaphore": self.semaphore, "limit": self.config.permits,
             "phase": str(phase), "settings": settings.SETTINGS_MODULE,
             "database": self._worker_database(name),
@@ -628,6 +645,8 @@ class ChaosRun:
                 row = Fence.objects.using(alias).get(pk=document.fence_id)
                 log.write({"type": "final", "resource": row.resource, "token": row.token, "step": row.step,
                            "value": (document.data or {}).get("value")})
+        for event in StoreWrites(self.stores, self.config.fencing).final_events(self.accounts):
+            log.write(event)
         log.close()
         paths = sorted(self.workdir.glob("*.jsonl"))
         target = Path(self.config.history) if self.config.history else self.workdir / "history.merged"
@@ -642,7 +661,8 @@ class ChaosRun:
         report.figures.update(
             seed=self.seed, seconds=self.config.seconds, workers=self.config.workers, keys=self.config.keys,
             ttl=self.config.ttl, fencing=self.config.fencing, workers_started=self.spawned,
-            documents=self.documents, managed_postgres=self.server is not None, database=self.vendor,
+            documents=self.documents, stores=sorted(self.stores),
+            managed_postgres=self.server is not None, database=self.vendor,
             faults_requested=list(self._available_faults()),
             faults_missing=sorted(set(self._available_faults()) - set(report.figures["faults_by_kind"])),
             worker_crashes=sum(1 for event in events if event.get("type") == "worker_exit"),
@@ -668,6 +688,9 @@ class ChaosRun:
         self.workers.clear()
         if self.config.celery:
             self._delete_queue()
+        if self.stores:
+            with contextlib.suppress(Exception):
+                StoreWrites(self.stores, True).cleanup(self.accounts)
         if self.log is not None:
             with contextlib.suppress(Exception):
                 self.log.close()

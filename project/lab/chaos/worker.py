@@ -3,7 +3,8 @@
 Started by the controller as ``python -m project.lab.chaos.worker CONFIG.json``.
 It loops: acquire one of the keys, do fenced writes to the resources that key
 guards (the demo Account row, a Fence-guarded ledger record, a document of the
-fenced store when it is installed), maybe renew, release. Each operation is
+fenced store when it is installed, an S3 object and a Redis key when the run has
+those stores: :mod:`project.lab.chaos.stores`), maybe renew, release. Each operation is
 logged before and after (see :mod:`project.lab.chaos.history`).
 
 With ``fencing`` off (the negative control) the same writes are plain updates.
@@ -35,6 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .history import HistoryWriter, iso
+from .stores import StoreWrites
 
 # Phases the controller reads from the phase file, to pause a worker while it
 # holds a lease and has not written yet: the pause then straddles its expiry.
@@ -55,6 +57,7 @@ class Worker:
         self.primitives: bool = bool(config.get("primitives"))
         self.semaphore: str = str(config.get("semaphore") or "")
         self.limit: int = int(config.get("limit") or 0)
+        self.stores = StoreWrites(config.get("stores") or {}, self.fencing)
         self.rng = random.Random(config["seed"])
         self.history = HistoryWriter(config["history"])
         self.phase_fd = os.open(config["phase"], os.O_RDWR | os.O_CREAT, 0o644)
@@ -83,6 +86,7 @@ class Worker:
             LockHeld,
             StaleToken,
         )
+        from coordination.stores.errors import StoreUnavailable
 
         self.ops += 1
         op_id = f"{self.name}-{self.ops}"
@@ -90,9 +94,10 @@ class Worker:
         done: dict[str, Any] = {"type": "complete", "id": op_id}
         try:
             result = call()
-        except GrantPointUnavailable as error:
-            # The connection was cut under the call: it may or may not have taken
-            # effect, exactly like a database error below (not a refusal).
+        except (GrantPointUnavailable, StoreUnavailable) as error:
+            # The connection was cut under the call (to the grant point, or to an
+            # object store or Redis): it may or may not have taken effect, exactly
+            # like a database error below (not a refusal).
             done.update(outcome="unknown", error=f"{type(error).__name__}: {error}"[:300])
             self.history.write({**done, **(always or {})})
             self.reconnect()
@@ -280,6 +285,8 @@ class Worker:
             self.write_ledger(grant, pk)
             if self.documents:
                 self.write_document(grant, pk)
+            for resource, write in self.stores.writers(pk):
+                self.write_store(grant, resource, write)
         finally:
             self.set_phase(IDLE)
 
@@ -371,6 +378,15 @@ class Worker:
                 key=record, defaults={"result": {"value": value}, "completed": True}
             )
         return {}
+
+    def write_store(
+        self, grant: Any, resource: str, write: Callable[[Any, int, int], dict[str, Any]]
+    ) -> None:
+        """A write of an object or a Redis key (:mod:`.stores`): the store itself
+        refuses a stale token, and records the refusal in the database."""
+        step, value = grant.next_step(), self.next_value()
+        self.perform("write", self.write_fields(grant, resource, step, value),
+                     lambda: write(grant, step, value))
 
     def write_document(self, grant: Any, pk: int) -> None:
         """A write through the fenced document store (the REST fencing proxy's core)."""

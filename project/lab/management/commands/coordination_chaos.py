@@ -88,6 +88,18 @@ class Command(BaseCommand):
             help="leave the fenced document store out of the workload",
         )
 
+        parser.add_argument(
+            "--redis-url", default="",
+            help="also write one Redis key per account through the fenced Redis writes (extra [redis])",
+        )
+        parser.add_argument(
+            "--s3-endpoint", default="",
+            help="also write one object per account through FencedS3Storage at this S3 endpoint "
+            "(extra [s3]; credentials from the AWS_* environment)",
+        )
+        parser.add_argument("--s3-bucket", default="coordination-chaos",
+                            help="the bucket for --s3-endpoint, created if missing "
+                                 "(default coordination-chaos)")
         cluster = parser.add_argument_group("--patroni: failover chaos on bin/cluster.sh's cluster")
         cluster.add_argument(
             "--patroni", action="store_true",
@@ -158,6 +170,8 @@ class Command(BaseCommand):
             ttl=options["ttl"], seed=options["seed"], fencing=options["fencing"],
             manage_postgres=options["manage_postgres"], history=options["history"],
             fault_interval=options["fault_interval"], documents=options["documents"], faults=faults,
+            redis_url=options["redis_url"], s3_endpoint=options["s3_endpoint"],
+            s3_bucket=options["s3_bucket"],
             celery=options["celery"], celery_app=options["celery_app"],
             primitives=options["primitives"], permits=options["permits"],
             patroni=options["patroni"], unsafe=options["unsafe"], cluster_faults=cluster_faults,
