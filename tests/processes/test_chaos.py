@@ -1,16 +1,21 @@
 """Real chaos runs: with fences the history is clean under every fault kind;
 without them (the negative control) the checker finds the stale writes. The
-checker itself is tested on hand-made histories in tests/unit/test_chaos_checker.py."""
+checker itself is tested on hand-made histories in tests/unit/test_chaos_checker.py.
+
+Where the stores are at hand (moto's S3 server, the suite's Redis), the workload
+also writes an S3 object and a Redis key per cycle under the grant, and the
+checker judges them like rows."""
 
 from __future__ import annotations
 
 import datetime as dt
+import importlib.util
 import io
 import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -28,12 +33,56 @@ from tests.support.legs import missing_service
 # --- real runs ------------------------------------------------------------------
 
 ROOT = Path(__file__).resolve().parents[2]
+STORE_KINDS = {"s3", "redis"}
+
+
+@pytest.fixture(scope="module")
+def stores() -> Iterator[dict[str, str]]:
+    """The stores a run can write besides the database: ``redis_url`` (the suite's
+    Redis) and ``s3_endpoint`` (a moto server answering one request at a time, so
+    that its conditional writes are atomic), those at hand."""
+    found: dict[str, str] = {}
+    if os.environ.get("COORDINATION_TEST_REDIS_URL") and importlib.util.find_spec("redis"):
+        found["redis_url"] = os.environ["COORDINATION_TEST_REDIS_URL"]
+    if not all(importlib.util.find_spec(name) for name in ("moto", "boto3", "storages")):
+        yield found
+        return
+    from tests.support.s3_server import s3_server
+
+    credentials = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"}
+    saved = {name: os.environ.get(name) for name in credentials}
+    os.environ.update(credentials)  # the runs' workers take them from the environment
+    try:
+        with s3_server(serial=True) as endpoint:
+            yield {**found, "s3_endpoint": endpoint}
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def store_arguments(stores: dict[str, str]) -> list[str]:
+    return [argument for name, value in stores.items()
+            for argument in (f"--{name.replace('_', '-')}", value)]
+
+
+def assert_stores_judged(figures: dict[str, Any], stores: dict[str, str]) -> None:
+    """Each store of the run had its resources written and checked."""
+    wanted = {"s3" if name == "s3_endpoint" else "redis" for name in stores}
+    assert set(figures["stores"]) == wanted, figures["stores"]
+    for store in wanted:
+        assert figures["resources_by_store"].get(store) == figures["keys"], figures["resources_by_store"]
+        assert figures["accepted_writes_by_store"].get(store, 0) > 0, figures["accepted_writes_by_store"]
 
 
 @pytest.mark.postgres
 @pytest.mark.legs("pg", reason="a 30 s run; the LTS leg runs the same workload code")
 @pytest.mark.django_db(transaction=True)
-def test_a_chaos_run_with_every_fault_kind_keeps_the_fencing_contract(tmp_path: Path) -> None:
+def test_a_chaos_run_with_every_fault_kind_keeps_the_fencing_contract(
+    tmp_path: Path, stores: dict[str, str]
+) -> None:
     if postgres_bindir() is None:
         missing_service("the PostgreSQL server binaries (initdb, pg_ctl) that --manage-postgres runs")
     # As a user runs it: its own process, against a PostgreSQL server it starts,
@@ -42,7 +91,7 @@ def test_a_chaos_run_with_every_fault_kind_keeps_the_fencing_contract(tmp_path: 
         sys.executable, "manage.py", "coordination_chaos", "--seconds", "30", "--workers", "4",
         "--keys", "2", "--ttl", "1", "--fault-interval", "1", "--manage-postgres",
         "--json", str(tmp_path / "figures.json"),
-        "--history", str(tmp_path / "history.jsonl"),
+        "--history", str(tmp_path / "history.jsonl"), *store_arguments(stores),
     ]
     # Its default database is this run's (migrated) test database; it is not written to.
     environment = {**os.environ, "DATABASE_URL": database_url()}
@@ -57,20 +106,23 @@ def test_a_chaos_run_with_every_fault_kind_keeps_the_fencing_contract(tmp_path: 
     assert figures["refused_by_reason"].get("stale_token", 0) > 0, output
     assert figures["accepted_writes"] > 50
     assert figures["worker_crashes"] == 0, output
+    assert_stores_judged(figures, stores)
     # The history alone gives the same verdict.
     assert checker.check(list(read_events(tmp_path / "history.jsonl"))).passed
 
 
 @pytest.mark.legs("pg", reason="a 20 s run on real workers; the LTS leg runs the same workload code")
 @pytest.mark.django_db(transaction=True)
-def test_a_chaos_run_of_fenced_celery_tasks_on_real_workers_keeps_the_contract(tmp_path: Path) -> None:
+def test_a_chaos_run_of_fenced_celery_tasks_on_real_workers_keeps_the_contract(
+    tmp_path: Path, stores: dict[str, str]
+) -> None:
     if not os.environ.get("COORDINATION_TEST_REDIS_URL"):
         missing_service("a Redis broker (COORDINATION_TEST_REDIS_URL)")
     # The workers are `celery worker` processes; the lock is taken by fenced_task.
     command = [
         sys.executable, "manage.py", "coordination_chaos", "--celery", "--seconds", "20",
         "--ttl", "1", "--fault-interval", "0.8", "--faults", "pause,kill,terminate_backend",
-        "--json", str(tmp_path / "figures.json"),
+        "--json", str(tmp_path / "figures.json"), *store_arguments(stores),
     ]
     environment = {
         **os.environ, "CELERY_BROKER_URL": os.environ["COORDINATION_TEST_REDIS_URL"],
@@ -84,6 +136,7 @@ def test_a_chaos_run_of_fenced_celery_tasks_on_real_workers_keeps_the_contract(t
     figures = json.loads((tmp_path / "figures.json").read_text())
     assert figures["celery"] and figures["passed"], output
     assert figures["accepted_writes"] > 20 and figures["worker_crashes"] == 0, output
+    assert_stores_judged(figures, stores)  # the fenced task wrote them with its one grant
 
 
 def database_url() -> str:
@@ -94,15 +147,22 @@ def database_url() -> str:
 
 @pytest.mark.legs("pg", reason="the negative control; the SQLite leg runs the short fenced run below")
 @pytest.mark.django_db(transaction=True)
-def test_without_fencing_the_checker_finds_stale_writes_accepted(tmp_path: Path) -> None:
-    # Pauses are the fault that makes a late writer; they come often here.
+def test_without_fencing_the_checker_finds_stale_writes_accepted(
+    tmp_path: Path, stores: dict[str, str]
+) -> None:
+    # Pauses are the fault that makes a late writer; they come often here. The
+    # objects and Redis keys are written with a plain PUT and a plain SET.
     config = ChaosConfig(seconds=10, workers=4, keys=2, ttl=0.8, fencing=False, fault_interval=0.7,
-                         faults=("pause",))
+                         faults=("pause",), **stores)
     report = ChaosRun(config, out=io.StringIO()).run()
     assert not report.passed
     assert report.figures["worker_crashes"] == 0, report.summary()
     found = {violation.check for violation in report.violations}
     assert found & {"stale_write_accepted", "lost_write"}, report.summary()
+    assert_stores_judged(report.figures, stores)
+    # Each store is a resource of its own: the checker finds the stale writes it accepted.
+    written = set(report.figures["stores"])
+    assert written <= set(report.figures["violations_by_store"]), report.summary()
     # The command exits non-zero whenever fencing is off: with violations, or with
     # no stale write to show (a run that proves nothing).
     with pytest.raises(CommandError, match="no-fencing") as failed:
@@ -113,10 +173,14 @@ def test_without_fencing_the_checker_finds_stale_writes_accepted(tmp_path: Path)
 
 @pytest.mark.legs("sqlite", reason="the PostgreSQL legs run the longer chaos runs above")
 @pytest.mark.django_db(transaction=True)
-def test_a_short_chaos_run_on_the_embedded_sqlite_default_keeps_the_contract() -> None:
-    config = ChaosConfig(seconds=12, workers=4, keys=2, ttl=0.8, fault_interval=0.8, faults=("pause", "kill"))
+def test_a_short_chaos_run_on_the_embedded_sqlite_default_keeps_the_contract(
+    stores: dict[str, str]
+) -> None:
+    config = ChaosConfig(seconds=12, workers=4, keys=2, ttl=0.8, fault_interval=0.8, faults=("pause", "kill"),
+                         **stores)
     report = ChaosRun(config, out=io.StringIO()).run()
     assert report.passed, report.summary()
+    assert_stores_judged(report.figures, stores)
     assert report.figures["refused_by_reason"].get("stale_token", 0) > 0
     assert report.figures["worker_crashes"] == 0
 
