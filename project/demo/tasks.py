@@ -3,6 +3,10 @@
 ``coordination_demo`` sends it to two workers on their own queues and pauses the
 first one with SIGSTOP; see that command. The task reports what it did as JSON
 lines to ``report_to`` (a file the command reads), with database times.
+
+With the same grant it then writes the run's other downstreams
+(:mod:`project.demo.downstreams`): an S3 object and a Redis key where those
+stores are configured, and an outbox call; each store checks the token itself.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from coordination import locks
 from coordination.contrib.celery import fenced_task
 from coordination.exceptions import CoordinationError
 
+from .downstreams import Downstreams
 from .models import Account
 
 DEMO_QUEUE_PREFIX = "coordination-demo"  # each run adds its own id: concurrent demos never mix
@@ -36,13 +41,16 @@ def deposit(
     report_to: str,
     resume_file: str = "",
     fencing: bool = True,
+    stores: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Read the balance, add ``amount``, write it back with this execution's token.
 
     Like the seed's client, it holds a plain lease (no keep-alive), so a pause
     longer than the lease lets another worker take the lock. If ``resume_file``
     is given it waits for that file after reading, which is where the demo
-    pauses it. With ``fencing=False`` the write is a plain UPDATE.
+    pauses it. With ``fencing=False`` the write is a plain UPDATE. After the row,
+    whatever its outcome, the same balance goes to every downstream of ``stores``
+    (:class:`~project.demo.downstreams.Downstreams`) with the same grant.
     """
     grant = self.grant
     account = Account.objects.get(pk=account_id)
@@ -65,9 +73,13 @@ def deposit(
             report_to, worker, "rejected", token=grant.token, balance=str(new_balance),
             code=refused.code, detail=refused.detail,
         )
-        return {"written": False, "token": grant.token, "code": refused.code}
-    _report(report_to, worker, "written", token=grant.token, balance=str(new_balance))
-    return {"written": True, "token": grant.token, "balance": str(new_balance)}
+        result = {"written": False, "token": grant.token, "code": refused.code}
+    else:
+        _report(report_to, worker, "written", token=grant.token, balance=str(new_balance))
+        result = {"written": True, "token": grant.token, "balance": str(new_balance)}
+    outcomes = Downstreams(stores or {}, account_id).write_all(grant, str(new_balance), fencing=fencing)
+    _report(report_to, worker, "downstreams", token=grant.token, balance=str(new_balance), stores=outcomes)
+    return {**result, "downstreams": outcomes}
 
 
 def _report(path: str, worker: str, event: str, **fields: Any) -> None:

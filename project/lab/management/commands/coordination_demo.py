@@ -15,6 +15,15 @@ the one ``bin/run`` starts, takes their tasks). Both run the demo's
 ``--no-fencing`` the same writes are plain UPDATEs: A's late write silently
 overwrites B's, the lost update that the lease alone cannot prevent.
 
+One token at every downstream: with the same grant the task then records an
+outbox call and, where those stores are configured, writes an S3 object
+(``--s3-endpoint``, or ``COORDINATION_DEMO_S3_ENDPOINT``) and a Redis key
+(``--redis-url``, or ``COORDINATION_DEMO_REDIS_URL``, or the broker when it is
+Redis). Each store refuses A's stale token on its own and keeps B's balance;
+the outcome is safe only if every one does. On the embedded default (SQLite,
+the filesystem broker) there is no S3 or Redis: the row and the outbox call are
+fenced, and the command says the other two are off.
+
 Exit status: 0 when the outcome is safe (B's balance stands, A's write was
 refused); 1 when it is not (always the case with ``--no-fencing``: that variant
 exists to show the lost update); 2 when the demo could not run (a worker did
@@ -120,6 +129,20 @@ class Command(BaseCommand):
         )
         parser.add_argument("--beat-lease", type=float, default=5.0,
                             help="--beat: the leader's lease in seconds (default 5)")
+        parser.add_argument(
+            "--redis-url", default=None,
+            help="also write a Redis key with the task's grant (default: $COORDINATION_DEMO_REDIS_URL, "
+            "else the broker if it is Redis, else off)",
+        )
+        parser.add_argument(
+            "--s3-endpoint", default=os.environ.get("COORDINATION_DEMO_S3_ENDPOINT", ""),
+            help="also write an S3 object with FencedS3Storage at this endpoint (default: "
+            "$COORDINATION_DEMO_S3_ENDPOINT, else off; credentials from the AWS_* environment)",
+        )
+        parser.add_argument(
+            "--s3-bucket", default=os.environ.get("COORDINATION_DEMO_S3_BUCKET", "coordination-demo"),
+            help="the bucket for --s3-endpoint, created if missing (default coordination-demo)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["beat"]:
@@ -128,6 +151,7 @@ class Command(BaseCommand):
         from celery import current_app
 
         try:
+            from project.demo.downstreams import Downstreams
             from project.demo.models import Account
             from project.demo.tasks import DEMO_QUEUE_PREFIX, DEMO_TTL, deposit
         except (ImportError, RuntimeError) as error:
@@ -152,12 +176,23 @@ class Command(BaseCommand):
             f"database {vendor}, broker {broker.split('://', 1)[0]}, "
             f"account #{account.pk} balance {account.balance}"
         )
+        stores = _stores(options, broker)
+        downstreams = Downstreams(stores, account.pk)
+        try:
+            downstreams.create_bucket()
+        except Exception as error:
+            raise DemoFailed(f"the S3 endpoint {options['s3_endpoint']} did not answer: {error}") from None
+        enabled = downstreams.enabled()
+        self._say("downstreams with the same grant: the account row, " + ", ".join(
+            downstreams.where(store) for store in enabled
+        ) + "".join(f"; {store} off ({why})" for store, why in _off(enabled).items()))
         workers = Workers(app_name, broker, run_dir)
         self._install_sigterm()
         timeline: list[dict[str, Any]] = []
         result: dict[str, Any] = {
             "fencing": fencing, "database": vendor, "broker": broker.split("://", 1)[0],
             "account": account.pk, "lease_seconds": DEMO_TTL, "timeline": timeline,
+            "downstreams": {},
         }
         started = time.monotonic()
         try:
@@ -168,7 +203,8 @@ class Command(BaseCommand):
             def send(name: str, **extra: Any) -> None:
                 deposit.apply_async(
                     (account.pk, str(DEMO_AMOUNTS[name])),
-                    {"worker": name, "report_to": str(events), "fencing": fencing, **extra},
+                    {"worker": name, "report_to": str(events), "fencing": fencing, "stores": stores,
+                     **extra},
                     queue=queues[name], expires=START_TIMEOUT + 60,
                 )
 
@@ -216,6 +252,8 @@ class Command(BaseCommand):
                 f"({acquired_b['read']} + {DEMO_AMOUNTS['B']} = {balance_b})",
                 worker="B", token=token_b, outcome="accepted", balance=str(balance_b),
             )
+            stores_b = reader.wait("B", {"downstreams"}, 30, workers)["stores"]
+            self._say("               B's " + _outcomes(downstreams, stores_b))
 
             time.sleep(max(0.0, options["pause"] - (time.monotonic() - workers.paused_since("A"))))
             paused_for = time.monotonic() - workers.paused_since("A")
@@ -234,6 +272,9 @@ class Command(BaseCommand):
                 outcome="rejected" if outcome_a["event"] == "rejected" else "accepted",
                 code=outcome_a.get("code", ""),
             )
+            stores_a = reader.wait("A", {"downstreams"}, 30, workers)["stores"]
+            self._say("               A's " + _outcomes(downstreams, stores_a))
+            held = downstreams.final()
         except DemoFailed as failure:
             self._say(f"demo failed: {failure}; worker logs kept in {run_dir}")
             raise
@@ -241,12 +282,22 @@ class Command(BaseCommand):
             workers.stop_all()
             _delete_queues(current_app, queues.values())
 
-        safe = outcome_a["event"] == "rejected" and final == balance_b
+        for store in enabled:
+            result["downstreams"][store] = {
+                "where": downstreams.where(store), "A": stores_a[store], "B": stores_b[store],
+                "held": held[store],
+                "safe": stores_a[store]["outcome"] == "rejected" and stores_b[store]["outcome"] == "written"
+                and _holds(held[store], str(balance_b), token_b),
+            }
+        unsafe_downstreams = [store for store in enabled if not result["downstreams"][store]["safe"]]
+        safe = outcome_a["event"] == "rejected" and final == balance_b and not unsafe_downstreams
         rejection = (
             Rejection.objects.filter(lock_key=f"account:{account.pk}", token=token_a)
-            .order_by("-id").first()
+            .order_by("id").first()  # the row's: the task writes it first, the downstreams after
         )
+        rejections = Rejection.objects.filter(lock_key=f"account:{account.pk}", token=token_a)
         result.update(
+            rejected_resources=sorted(rejections.values_list("resource", flat=True)),
             safe=safe, tokens={"A": token_a, "B": token_b}, balance=str(final),
             balance_b=str(balance_b), balance_a_wanted=str(wanted_a),
             rejection=rejection.pk if rejection else None,
@@ -258,14 +309,22 @@ class Command(BaseCommand):
                 f"rejected (Rejection #{result['rejection']}). The grants and the rejection are in "
                 "the admin: Coordination > Grants, Rejections."
             )
+            self._say(
+                f"every downstream refused token {token_a} on its own and holds B's {balance_b}: "
+                + ", ".join(enabled) + " (Rejections, Outbox calls)"
+            )
         elif fencing:
-            self._say(f"outcome: UNSAFE. balance {final}, B wrote {balance_b}: the fence did not hold")
+            self._say(f"outcome: UNSAFE. balance {final}, B wrote {balance_b}; downstreams that did not "
+                      f"hold: {', '.join(unsafe_downstreams) or 'none'}")
         else:
             self._say(
                 f"outcome: LOST UPDATE. balance {final}: A's late plain UPDATE (from its stale read) "
                 f"overwrote B's {balance_b}, B's deposit of {DEMO_AMOUNTS['B']} is gone. "
                 "The lease alone did not stop A; run without --no-fencing to see the fence refuse it."
             )
+            self._say("downstreams: " + "; ".join(
+                f"{store} holds {_held_text(result['downstreams'][store]['held'])}" for store in enabled
+            ))
         if options["json"]:
             Path(options["json"]).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -305,6 +364,53 @@ class Command(BaseCommand):
         # bin/run stops the demo with SIGTERM: unwind, so the workers are stopped too.
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, _exit_on_sigterm)
+
+
+def _stores(options: dict[str, Any], broker: str) -> dict[str, Any]:
+    """The demo's stores besides the database (see project.demo.downstreams)."""
+    stores: dict[str, Any] = {}
+    redis_url = options["redis_url"]
+    if redis_url is None:
+        redis_url = os.environ.get("COORDINATION_DEMO_REDIS_URL") or (
+            broker if broker.startswith(("redis://", "rediss://")) else ""
+        )
+    if redis_url:
+        stores["redis_url"] = redis_url
+    if options["s3_endpoint"]:
+        stores["s3"] = {"endpoint": options["s3_endpoint"], "bucket": options["s3_bucket"]}
+    return stores
+
+
+def _off(enabled: list[str]) -> dict[str, str]:
+    why = {"object": "no S3 endpoint: --s3-endpoint or COORDINATION_DEMO_S3_ENDPOINT",
+           "redis": "no Redis: --redis-url, COORDINATION_DEMO_REDIS_URL or a Redis broker"}
+    return {store: text for store, text in why.items() if store not in enabled}
+
+
+def _outcomes(downstreams: Any, outcomes: dict[str, dict[str, str]]) -> str:
+    return ", ".join(
+        f"{store} {_WRITTEN[store] if said['outcome'] == 'written' else 'refused: ' + said.get('code', '')}"
+        for store, said in outcomes.items()
+    )
+
+
+_WRITTEN = {"object": "written", "redis": "written", "outbox": "call recorded"}
+
+
+def _holds(held: Any, balance: str, token: int) -> bool:
+    """A store holds B's balance and nothing else: the object's or key's value, or
+    exactly one outbox call, B's."""
+    if isinstance(held, list):
+        return held == [{"token": token, "balance": balance}]
+    return bool(held == balance)
+
+
+def _held_text(held: Any) -> str:
+    if isinstance(held, list):
+        return f"{len(held)} calls to send (" + ", ".join(
+            f"token {call['token']}: {call['balance']}" for call in held
+        ) + ")"
+    return str(held)
 
 
 def _exit_on_sigterm(signum: int, frame: Any) -> None:
