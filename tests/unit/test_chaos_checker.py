@@ -110,6 +110,43 @@ def test_a_stale_write_accepted_after_a_newer_one_is_a_violation() -> None:
     assert "stale_write_accepted" in checks(history.check())
 
 
+def one_grant_at_every_store(a_refused_by: set[str]) -> History:
+    """The seed's timeline over a row, an S3 object and a Redis key: B writes all
+    three with 42; A's late writes with 41 are refused by the stores named."""
+    history = (
+        History()
+        .acquire("A", "k", 41, 0.0, 0.1, (0.0, 1.0))
+        .acquire("B", "k", 42, 0.5, 1.2, (1.1, 2.1))
+    )
+    resources = {"account": "account:1", "s3": "s3:bucket/chaos/account-1", "redis": "redis:chaos:account:1"}
+    for step, resource in enumerate(resources.values(), start=1):
+        history.write("B", resource, 42, step, 420 + step, 1.3, 1.4)
+    for step, (store, resource) in enumerate(resources.items(), start=1):
+        if store in a_refused_by:
+            history.write("A", resource, 41, step, 410 + step, 1.5, 1.6, "refused", "stale_token", [42, step])
+        else:
+            history.write("A", resource, 41, step, 410 + step, 1.5, 1.6)
+    for step, (store, resource) in enumerate(resources.items(), start=1):
+        # What each store holds at the end: B's, or A's where the write was let through.
+        who, value = (42, 420 + step) if store in a_refused_by else (41, 410 + step)
+        history.add(type="final", resource=resource, token=who, step=step, value=value)
+    return history
+
+
+def test_objects_and_redis_keys_are_judged_like_rows_store_by_store() -> None:
+    fenced = one_grant_at_every_store({"account", "s3", "redis"}).check()
+    assert fenced.violations == [], fenced.summary()
+    assert fenced.figures["resources_by_store"] == {"account": 1, "s3": 1, "redis": 1}
+    assert fenced.figures["stale_refused_by_store"] == {"account": 1, "s3": 1, "redis": 1}
+    assert "by store: account 1, redis 1, s3 1" in fenced.summary()
+
+    # The row is fenced but the object and the key are not: each is found on its own.
+    unfenced = one_grant_at_every_store({"account"}).check()
+    assert unfenced.figures["violations_by_store"] == {"s3": 2, "redis": 2}, unfenced.summary()
+    assert {v.check for v in unfenced.violations} == {"stale_write_accepted", "lost_write"}
+    assert "violations by store: redis 2, s3 2" in unfenced.summary()
+
+
 def test_the_same_token_and_step_accepted_twice_is_a_violation() -> None:
     history = seed_timeline().write("B", "r", 42, 1, 421, 1.5, 1.6)
     assert "duplicate_accepted" in checks(history.check())
