@@ -36,7 +36,10 @@ def _region() -> str:
 
 class Downstreams:
     """The stores of one demo run: ``config`` is ``{"s3": {"endpoint", "bucket"},
-    "redis_url": ...}`` (each optional)."""
+    "redis_url": ..., "run": ...}`` (each optional). The object's and the key's
+    names carry the ``run``: a Redis or a bucket outlives the database whose
+    tokens wrote it (a new database starts its tokens again), so each run
+    writes names of its own."""
 
     def __init__(self, config: dict[str, Any], account_id: int) -> None:
         self.config = config
@@ -51,11 +54,15 @@ class Downstreams:
 
     @property
     def object_name(self) -> str:
-        return f"statements/account-{self.account_id}.txt"
+        return f"statements/{self.run}/account-{self.account_id}.txt"
 
     @property
     def redis_key(self) -> str:
-        return f"coordination-demo:account:{self.account_id}:balance"
+        return f"coordination-demo:{self.run}:account:{self.account_id}:balance"
+
+    @property
+    def run(self) -> str:
+        return str(self.config.get("run") or "run")
 
     @property
     def outbox_resource(self) -> str:

@@ -46,7 +46,8 @@ def s3_endpoint(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
 
 def downstreams_of(result: dict[str, object], endpoint: str) -> Downstreams:
     stores = {"redis_url": os.environ["COORDINATION_TEST_REDIS_URL"],
-              "s3": {"endpoint": endpoint, "bucket": "coordination-demo"}}
+              "s3": {"endpoint": endpoint, "bucket": "coordination-demo"},
+              "run": str(result["downstreams_run"])}
     return Downstreams(stores, int(str(result["account"])))
 
 

@@ -176,7 +176,7 @@ class Command(BaseCommand):
             f"database {vendor}, broker {broker.split('://', 1)[0]}, "
             f"account #{account.pk} balance {account.balance}"
         )
-        stores = _stores(options, broker)
+        stores = {**_stores(options, broker), "run": run_id}
         downstreams = Downstreams(stores, account.pk)
         try:
             downstreams.create_bucket()
@@ -192,7 +192,7 @@ class Command(BaseCommand):
         result: dict[str, Any] = {
             "fencing": fencing, "database": vendor, "broker": broker.split("://", 1)[0],
             "account": account.pk, "lease_seconds": DEMO_TTL, "timeline": timeline,
-            "downstreams": {},
+            "downstreams": {}, "downstreams_run": run_id,
         }
         started = time.monotonic()
         try:
