@@ -220,6 +220,8 @@ class JobPolicyChange(models.Model):
 class JobOutcome(models.TextChoices):
     DEFERRED = "deferred", _("deferred")
     SKIPPED = "skipped", _("skipped")
+    #: ``once``: a redelivery of a task id whose body completed, not run again.
+    FINISHED = "finished", _("finished before")
 
 
 class JobTally(models.Model):
