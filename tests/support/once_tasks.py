@@ -111,7 +111,7 @@ def collect(results: list[Any], *, report: str) -> None:
 def launch_chord(links: list[tuple[str, str]], *, report: str, queue: str) -> None:
     """Send a chord from the worker, which has the result backend a chord needs.
 
-    ``links``: (kind, name) pairs, kind ``"step"`` or ``"skippable"``."""
-    kinds = {"step": step, "skippable": skippable_step}
+    ``links``: (kind, name) pairs, kind ``"step"``, ``"skippable"`` or ``"refused"``."""
+    kinds = {"step": step, "skippable": skippable_step, "refused": refused_step}
     header = [kinds[kind].s([], name, report=report).set(queue=queue) for kind, name in links]
     chord(header)(collect.s(report=report).set(queue=queue))
