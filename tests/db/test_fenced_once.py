@@ -10,6 +10,7 @@ shorter than the body) is in tests/processes/test_once_processes.py.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 from decimal import Decimal
 from types import SimpleNamespace
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 import pytest
 from django.db.models import F
 
-from coordination import locks, signals
+from coordination import locks, pruning, signals
 from coordination.contrib import tasks as contrib_tasks
 from coordination.contrib.celery import fenced_task
 from coordination.contrib.execution import AsyncFencedExecution
@@ -26,6 +27,7 @@ from coordination.exceptions import InvalidInput
 from coordination.models import IdempotencyRecord, JobTally, Lock
 from project.demo.models import Account
 from tests.support.factories import AccountFactory
+from tests.support.waiting import wait_until_database_time_passes
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -167,3 +169,18 @@ def test_once_is_refused_where_it_cannot_hold() -> None:
     execution = AsyncFencedExecution("k", holder="h", name="t", task_id="i", once=True)
     with pytest.raises(InvalidInput, match="synchronous"):
         asyncio.run(execution.run(lambda: asyncio.sleep(0)))
+
+
+def test_the_records_are_pruned_with_the_history_and_a_pruned_task_id_runs_again() -> None:
+    account = AccountFactory(balance=Decimal("10.00"))
+    deposit_once.apply((account.pk, "1"), task_id="pruned").get()
+    key = once_key(deposit_once.name, "pruned")
+    created = IdempotencyRecord.objects.get(key=key).created_at
+    wait_until_database_time_passes(created)
+
+    counts = pruning.prune(dt.timedelta(0))
+
+    assert counts["idempotency records"] >= 1
+    assert not IdempotencyRecord.objects.filter(key=key).exists()
+    deposit_once.apply((account.pk, "1"), task_id="pruned").get()
+    assert ran == ["1", "1"]
