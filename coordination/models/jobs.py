@@ -226,8 +226,9 @@ class JobOutcome(models.TextChoices):
 
 class JobTally(models.Model):
     """How many executions of a task did not run their body, and how: deferred
-    (paused, sent again) or skipped (paused with skip, lock or permits busy,
-    superseded). One row per task and outcome, counted up by
+    (paused, sent again), skipped (paused with skip, lock or permits busy,
+    superseded) or finished (a ``once`` task id whose body completed before).
+    One row per task and outcome, counted up by
     :func:`coordination.jobs.tally`."""
 
     task = models.CharField(max_length=KEY_MAX_LENGTH)
