@@ -82,7 +82,8 @@ class FencedTask(Task[_P, _R]):
     Configured by class attributes, which ``fenced_task`` sets from its arguments:
     ``fenced_lock`` (template or callable over the task's arguments),
     ``fenced_ttl``, ``fenced_wait``, ``fenced_on_busy``, ``fenced_keepalive``,
-    ``fenced_supersede``, ``fenced_once_per_slot`` and ``fenced_concurrency``.
+    ``fenced_supersede``, ``fenced_once_per_slot``, ``fenced_concurrency`` and
+    ``fenced_once``.
     """
 
     fenced_lock: LockSpec | None = None
@@ -93,6 +94,7 @@ class FencedTask(Task[_P, _R]):
     fenced_supersede: bool = False
     fenced_once_per_slot: bool = False
     fenced_concurrency: int | None = None
+    fenced_once: bool = False
 
     throws = REFUSALS
     """Refused late writes are what a fencing token is for: Celery logs them as
@@ -166,6 +168,7 @@ class FencedTask(Task[_P, _R]):
             name=self.name,
             task_id=request.id,
             attempt=request.retries + 1,
+            once=self.fenced_once,
         )
         body: Callable[[], Any] = lambda: self.run(*args, **kwargs)  # noqa: E731
         if self.fenced_once_per_slot:
@@ -259,6 +262,7 @@ def fenced_task(
     supersede: bool = False,
     once_per_slot: bool = False,
     concurrency: int | None = None,
+    once: bool = False,
     app: Any = None,
     bind: Literal[False] = False,
     **options: Any,
@@ -276,6 +280,7 @@ def fenced_task(
     supersede: bool = False,
     once_per_slot: bool = False,
     concurrency: int | None = None,
+    once: bool = False,
     app: Any = None,
     bind: Literal[True],
     **options: Any,
@@ -293,6 +298,7 @@ def fenced_task(
     supersede: bool = False,
     once_per_slot: bool = False,
     concurrency: int | None = None,
+    once: bool = False,
     app: Any = None,
     bind: bool = False,
     **options: Any,
@@ -325,6 +331,20 @@ def fenced_task(
       Fence the body's writes by the slot's key (``self.grant.key``), not by
       ``key``. An execution that gets no permit within ``wait`` is handled by
       ``on_busy`` exactly as a busy lock is. Default None: one lock, exclusive.
+    - ``once``: a finished execution is not run again. The body runs in one
+      transaction on ``COORDINATION["DATABASE"]`` with the record of its
+      completion, keyed by the task's name and the message's task id; a
+      redelivered or duplicated message of a task id whose body completed
+      returns the stored result (JSON, as :func:`coordination.fencing.idempotent`
+      stores it) without running the body (logged at INFO, counted as
+      ``"finished"``, ``signals.task_skipped`` with ``reason="completed"``). An
+      attempt that raised stored nothing: its retry runs. Opt-in, because the
+      whole body is then one database transaction: a long body, one that must
+      commit as it goes, or a body of more than a moment on SQLite (whose single
+      writer the transaction holds, blocking other workers and the lease
+      renewals) cannot take that. Effects outside the database are not in the transaction: send
+      them through the outbox. The records are pruned with the grant history
+      (``coordination_prune``).
     - ``app``: register on this Celery app (default: ``shared_task``).
 
     Other keyword arguments are Celery task options (``bind``, ``acks_late``,
@@ -358,6 +378,7 @@ def fenced_task(
         fenced_supersede=supersede,
         fenced_once_per_slot=once_per_slot,
         fenced_concurrency=concurrency,
+        fenced_once=bool(once),
     )
     register = shared_task if app is None else app.task
 

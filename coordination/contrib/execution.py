@@ -50,6 +50,7 @@ from ..models import HOLDER_MAX_LENGTH, JobOutcome, WhenPaused
 from ..semaphores import aacquire_permit, acquire_permit, permit_keys
 from . import execution_steps as steps
 from .lock_keys import LockSpec, lock_key_for, resolve_lock_key
+from .once import Found, completed, finished, once_key, run_once
 from .release import release_quietly
 
 __all__ = [
@@ -119,6 +120,7 @@ class _ExecutionOptions(TypedDict, total=False):
     name: str | None
     task_id: str | None
     attempt: int
+    once: bool
 
 
 class _Execution:
@@ -140,6 +142,7 @@ class _Execution:
         name: str | None = None,
         task_id: str | None = None,
         attempt: int = 1,
+        once: bool = False,
     ) -> None:
         if concurrency is not None:
             permit_keys(key, concurrency)  # InvalidInput for a bad limit, before any grant
@@ -157,6 +160,8 @@ class _Execution:
         #: The message's id and attempt, recorded with the execution's grant.
         self.task_id = task_id
         self.attempt = attempt
+        #: With ``once``: the record of this task id's completed body (None: no record).
+        self.once_key = once_key(name or self.label, task_id) if once and task_id else None
         self.policy: jobs.Policy | None = None
         #: With a policy's ``max_running``: the cap and the execution's permit.
         self.max_running: int | None = None
@@ -241,6 +246,9 @@ class _Machine(_Execution):
         sender: Any,
         defer: Callable[[float], Any] | None,
     ) -> steps.Steps[Any]:
+        once = self.once_key
+        if once is not None and (found := (yield steps.Call(completed, (once, self.using)))):
+            return (yield steps.Call(finished, (self, found, sender)))
         on_busy = yield steps.Call(self._read_policy, (on_busy,))
         waited = False
         while self.policy is not None and self.policy.paused:
@@ -267,7 +275,10 @@ class _Machine(_Execution):
             if superseded is not None and (passed := (yield steps.Call(superseded))) is not None:
                 yield steps.Call(self._tally, (JobOutcome.SKIPPED,))
                 return passed
-            return (yield steps.Body(grant))
+            outcome = yield steps.Body(grant)
+            if isinstance(outcome, Found):  # a concurrent copy completed it meanwhile
+                return (yield steps.Call(finished, (self, outcome, sender)))
+            return outcome
         finally:
             yield from self._end_steps()
 
@@ -383,6 +394,7 @@ class FencedExecution(_Machine):
         self._contexts: list[AbstractContextManager[Any]] = []
         self._running: contextvars.Token[FencedExecution | None] | None = None
         self._body: Callable[[], Any] | None = None
+        self._in_once = False
 
     def acquire(self) -> Lease:
         """The execution's grant: of ``key`` itself, or with ``concurrency=N`` one
@@ -422,7 +434,11 @@ class FencedExecution(_Machine):
 
         Called on exit, and by a Celery ``retry()`` before the retry message is
         sent, so the retry never finds the lock held by the execution that sent it.
+        Not inside the body's transaction of ``once``: the release would roll back
+        with the body; the lease is released once the transaction has ended.
         """
+        if self._in_once:
+            return
         steps.drive(self._end_steps(), self._do)
 
     def run(
@@ -477,7 +493,13 @@ class FencedExecution(_Machine):
                 assert self._body is not None
                 self._expose(grant)
                 try:
-                    return self._body()
+                    if self.once_key is None:
+                        return self._body()
+                    self._in_once = True
+                    try:
+                        return run_once(self.once_key, self._body, using=self.using)
+                    finally:
+                        self._in_once = False
                 finally:
                     self._unexpose(None, None, None)
         return None
@@ -510,7 +532,9 @@ class AsyncFencedExecution(_Machine):
         logs and counts (``defer`` runs on the app's thread pool; without it a
         paused execution waits with ``asyncio.sleep``). The permit of a
         policy's ``max_running`` is kept alive beside the grant and released
-        with it."""
+        with it. No ``once``: a transaction cannot span the awaits of a body."""
+        if self.once_key is not None:
+            raise InvalidInput("once=True needs a synchronous body: a transaction cannot span awaits")
         plan = self._steps(on_busy=on_busy, retry=None, superseded=None, sender=sender, defer=defer)
 
         async def do(step: steps.Step) -> Any:

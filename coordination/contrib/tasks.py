@@ -77,6 +77,7 @@ def fenced(
     takes_context: bool = False,
     using: str | None = None,
     registered: Callable[[], Any] | None = None,
+    once: bool = False,
 ) -> Callable[[_F], _F]:
     """Wrap a task function so that each call runs under a new grant of ``lock``.
 
@@ -85,7 +86,10 @@ def fenced(
     ``takes_context=True`` the first argument (Django's ``TaskContext``) is not
     part of the lock key template. ``registered`` returns the ``django.tasks``
     Task the function became, which a paused run enqueues again (None: a
-    paused run waits in the worker).
+    paused run waits in the worker). ``once``: as for the Celery
+    ``fenced_task``, keyed by the run's result id, which only the
+    ``TaskContext`` carries: it needs ``takes_context=True`` and a synchronous
+    function (a transaction cannot span the awaits of an ``async def`` body).
     """
     if not (isinstance(lock, str) or callable(lock)):
         raise InvalidInput("fenced(lock=...) must be a key template or a callable")
@@ -93,6 +97,11 @@ def fenced(
 
     def decorate(func: _F) -> _F:
         check_template(lock, func, bound=takes_context)
+        if once and (not takes_context or inspect.iscoroutinefunction(func)):
+            raise InvalidInput(
+                "fenced(once=True) needs takes_context=True (the run's id is in its context) "
+                "and a synchronous function (a transaction cannot span awaits)"
+            )
         signature = _key_signature(func, takes_context)
         name = f"{func.__module__}.{func.__qualname__}"
 
@@ -103,7 +112,7 @@ def fenced(
             return kind(
                 key, holder=holder_name(name, task_id, attempt), ttl=ttl, wait=wait,
                 keepalive=keepalive, using=using, task=func, label=f"{func.__qualname__}[{task_id}]",
-                name=name, task_id=task_id, attempt=attempt,
+                name=name, task_id=task_id, attempt=attempt, once=once,
             )
 
         def deferrer(
@@ -161,13 +170,16 @@ def fenced_task(
     keepalive: bool = True,
     takes_context: bool = False,
     using: str | None = None,
+    once: bool = False,
     **task_options: Any,
 ) -> Callable[[Callable[..., Any]], Any]:
     """Declare a ``django.tasks`` task whose every run holds a new grant of ``lock``.
 
     ``lock``, ``ttl``, ``wait``, ``keepalive``: as for the Celery ``fenced_task``.
     ``on_busy``: ``"raise"`` (default; the task fails with ``LockHeld``) or
-    ``"skip"``. Other keyword arguments (``priority``, ``queue_name``,
+    ``"skip"``. ``once``: a run whose body completed is not run again (as for
+    the Celery ``fenced_task``: opt-in, the body is one database transaction);
+    it needs ``takes_context=True``. Other keyword arguments (``priority``, ``queue_name``,
     ``backend``) go to ``django.tasks.task``. Raises ``ImproperlyConfigured`` on
     a Django without ``django.tasks``.
     """
@@ -184,6 +196,7 @@ def fenced_task(
         wrap = fenced(
             lock=lock, ttl=ttl, wait=wait, on_busy=on_busy, keepalive=keepalive,
             takes_context=takes_context, using=using, registered=lambda: made[0] if made else None,
+            once=once,
         )
         made.append(register(takes_context=takes_context, **task_options)(wrap(func)))
         return made[0]

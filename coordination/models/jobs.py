@@ -220,12 +220,15 @@ class JobPolicyChange(models.Model):
 class JobOutcome(models.TextChoices):
     DEFERRED = "deferred", _("deferred")
     SKIPPED = "skipped", _("skipped")
+    #: ``once``: a redelivery of a task id whose body completed, not run again.
+    FINISHED = "finished", _("finished before")
 
 
 class JobTally(models.Model):
     """How many executions of a task did not run their body, and how: deferred
-    (paused, sent again) or skipped (paused with skip, lock or permits busy,
-    superseded). One row per task and outcome, counted up by
+    (paused, sent again), skipped (paused with skip, lock or permits busy,
+    superseded) or finished (a ``once`` task id whose body completed before).
+    One row per task and outcome, counted up by
     :func:`coordination.jobs.tally`."""
 
     task = models.CharField(max_length=KEY_MAX_LENGTH)

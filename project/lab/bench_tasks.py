@@ -5,8 +5,8 @@ project.lab.bench_tasks``), never by the site: at import it points the worker's
 ``COORDINATION`` settings at the bench database that the producer describes in
 ``COORDINATION_BENCH_DATABASE`` (the alias's settings as JSON: the bench schema
 on PostgreSQL, the bench file on SQLite), so the worker writes the tables the
-producer created and drops. Both tasks write the same demo Account row; the
-fenced one under lock ``account:<id>`` (the same key for every execution: one
+producer created and drops. The tasks write the same demo Account row; the
+fenced ones under lock ``account:<id>`` (the same key for every execution: one
 worker runs them one at a time, so they never contend). ``work_ms`` stands for
 the body's own work before its write (a sleep, as an API call would wait).
 
@@ -36,6 +36,7 @@ REPORT_ENV = "COORDINATION_BENCH_REPORT_URL"
 ALIAS = "coordination_bench"
 FENCED = "coordination.bench.e2e_fenced"
 UNFENCED = "coordination.bench.e2e_unfenced"
+FENCED_ONCE = "coordination.bench.e2e_fenced_once"
 
 _raw = os.environ.get(DATABASE_ENV)
 if _raw and ALIAS not in connections.databases:
@@ -61,6 +62,16 @@ def e2e_fenced(
     _rows().filter(pk=account_id).fenced_update(balance=amount)
 
 
+@fenced_task(lock="account:{account_id}", ttl=30, once=True, name=FENCED_ONCE)
+def e2e_fenced_once(
+    account_id: int, amount: int, *, sent_at: float, report: str, work_ms: float = 0
+) -> None:
+    """The fenced task with ``once=True``: its body and its record in one transaction."""
+    if work_ms:
+        time.sleep(work_ms / 1000)
+    _rows().filter(pk=account_id).fenced_update(balance=amount)
+
+
 @shared_task(name=UNFENCED)
 def e2e_unfenced(
     account_id: int, amount: int, *, sent_at: float, report: str, work_ms: float = 0
@@ -76,7 +87,7 @@ def _report(
 ) -> None:
     global _redis
     name = getattr(sender, "name", "")
-    if name not in (FENCED, UNFENCED) or not kwargs:
+    if name not in (FENCED, UNFENCED, FENCED_ONCE) or not kwargs:
         return
     done_at = time.time()
     if _redis is None:

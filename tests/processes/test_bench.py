@@ -127,10 +127,12 @@ def test_quick_bench_writes_json_table_and_chart(tmp_path: Path) -> None:
     }
     assert celery["end_to_end_persistent_working"].get("work_ms", 10) == 10
     assert celery["in_process"]["fenced"]["tasks"] > 0 and celery["in_process"]["fenced_over_unfenced"] > 0
+    assert celery["in_process"]["fenced_once"]["tasks"] > 0 and celery["in_process"]["once_over_fenced"] > 0
+    assert celery["in_process"]["once_repeat"]["tasks"] > 0
     for part in ("end_to_end", "end_to_end_persistent", "end_to_end_persistent_working"):
         worker = celery[part]
         if os.environ.get("COORDINATION_TEST_REDIS_URL"):  # CI provides Redis: the worker ran
-            for variant in ("fenced", "unfenced"):
+            for variant in ("fenced", "unfenced", "fenced_once"):
                 assert worker[variant]["tasks"] > 0 and worker[variant]["tasks_per_s"] > 0
             assert worker["fenced_over_unfenced"] > 0 and worker["fenced_over_unfenced_throughput"] > 0
         else:

@@ -125,7 +125,10 @@ def celery_worker_suite(
          "--without-heartbeat", "--loglevel=WARNING"],
         cwd=str(settings.BASE_DIR), env=env, stdout=log, stderr=subprocess.STDOUT,
     )
-    names = {"fenced": bench_tasks.FENCED, "unfenced": bench_tasks.UNFENCED}
+    names = {
+        "fenced": bench_tasks.FENCED, "unfenced": bench_tasks.UNFENCED,
+        "fenced_once": bench_tasks.FENCED_ONCE,
+    }
     amount = 0
 
     def send(name: str) -> None:
@@ -219,6 +222,9 @@ def celery_worker_suite(
     result["fenced_over_unfenced_throughput"] = (
         round((result["fenced"]["tasks_per_s"] or 0) / unfenced_rate, 3) if unfenced_rate else None
     )
+    result["once_over_fenced"] = round(
+        (result["fenced_once"]["p50_ms"] or 0) / (result["fenced"]["p50_ms"] or 1), 3
+    )
     return result
 
 
@@ -236,6 +242,10 @@ def celery_apply_suite(
     In-process (Celery's task machinery, no broker, no worker): what the fencing
     adds to each execution (acquire, keep-alive thread, fenced write, release)
     next to the same body writing with a plain update. Alternating blocks.
+    ``fenced_once`` is the fenced task with ``once=True`` (each call a new task
+    id: the body runs in one transaction with its record), ``once_repeat`` the
+    same task applied again with a task id that completed (the stored result,
+    no body, no grant).
     """
     try:
         from celery import shared_task
@@ -255,13 +265,18 @@ def celery_apply_suite(
     def fenced_settle(account_id: int, amount: int) -> None:
         rows.filter(pk=account_id).fenced_update(balance=amount)
 
+    @fenced_task(lock="account:{account_id}", ttl=30, once=True, name="coordination.bench.once_settle")
+    def once_settle(account_id: int, amount: int) -> None:
+        rows.filter(pk=account_id).fenced_update(balance=amount)
+
     @shared_task(name="coordination.bench.plain_settle")
     def plain_settle(account_id: int, amount: int) -> None:
         rows.filter(pk=account_id).update(balance=amount)
 
-    tasks = {"fenced": fenced_settle, "unfenced": plain_settle}
-    timings: dict[str, list[float]] = {name: [] for name in tasks}
-    progress("celery tasks in process (apply()), fenced and unfenced")
+    tasks = {"fenced": fenced_settle, "unfenced": plain_settle, "fenced_once": once_settle}
+    timings: dict[str, list[float]] = {name: [] for name in [*tasks, "once_repeat"]}
+    progress("celery tasks in process (apply()), fenced, fenced with once and unfenced")
+    done = once_settle.apply(args=(row.pk, 0)).id
     amount = 0
     for _ in range(max(1, config.celery_rounds // 20)):
         for name, task in tasks.items():
@@ -272,6 +287,10 @@ def celery_apply_suite(
                 timings[name].append(time.perf_counter() - began)
                 if outcome.failed():
                     raise RuntimeError(f"bench task {name} failed: {outcome.result!r}")
+        for _ in range(20):
+            began = time.perf_counter()
+            once_settle.apply(args=(row.pk, 0), task_id=done)
+            timings["once_repeat"].append(time.perf_counter() - began)
     result: dict[str, Any] = {"how": "task.apply() in process: no broker, no worker"}
     for name, values in timings.items():
         values.sort()
@@ -282,5 +301,8 @@ def celery_apply_suite(
         }
     result["fenced_over_unfenced"] = round(
         (result["fenced"]["p50_ms"] or 0) / (result["unfenced"]["p50_ms"] or 1), 3
+    )
+    result["once_over_fenced"] = round(
+        (result["fenced_once"]["p50_ms"] or 0) / (result["fenced"]["p50_ms"] or 1), 3
     )
     return result

@@ -202,12 +202,25 @@ def table(results: dict[str, Any]) -> str:
                     f"ratio p50 {worker['fenced_over_unfenced']:.2f}, "
                     f"throughput {_ratio(worker['fenced_over_unfenced_throughput'])}"
                 )
+                if "fenced_once" in worker:
+                    lines.append(
+                        f"  with once=True: p50 {_ms(worker['fenced_once']['p50_ms'])} ms, "
+                        f"p99 {_ms(worker['fenced_once']['p99_ms'])} ms, "
+                        f"{_rate(worker['fenced_once']['tasks_per_s'])} tasks/s; "
+                        f"p50 over fenced {worker['once_over_fenced']:.2f}"
+                    )
             local = celery["in_process"]
             lines.append(
                 f"in process ({local['how']}): fenced p50 {_ms(local['fenced']['p50_ms'])} ms, "
                 f"unfenced p50 {_ms(local['unfenced']['p50_ms'])} ms, "
                 f"ratio {local['fenced_over_unfenced']:.2f}"
             )
+            if "fenced_once" in local:
+                lines.append(
+                    f"  with once=True: p50 {_ms(local['fenced_once']['p50_ms'])} ms "
+                    f"(over fenced {local['once_over_fenced']:.2f}); a completed task id "
+                    f"again: p50 {_ms(local['once_repeat']['p50_ms'])} ms"
+                )
     return "\n".join(lines) + "\n"
 
 
