@@ -90,7 +90,7 @@ class Skipped(dict[str, Any]):
     """The result of an execution that did not run its body: skipped or superseded.
 
     A dict (JSON-serialisable for any result backend) with ``coordination`` set to
-    ``"skipped"``, ``reason`` (``"lock_held"``, ``"superseded"`` or ``"paused"``),
+    ``"skipped"``, ``reason`` (``"lock_held"``, ``"superseded"``, ``"paused"`` or ``"duplicate"``),
     ``key`` and ``detail``: never mistaken for a silent success. An execution
     deferred by a paused policy where the integration sends a new message
     (``django.tasks``) has ``coordination`` set to ``"deferred"``.
@@ -240,6 +240,7 @@ class _Machine(_Execution):
         superseded: Callable[[], Skipped | None] | None,
         sender: Any,
         defer: Callable[[float], Any] | None,
+        unique: Callable[[Lease], steps.Steps[Any]] | None = None,
     ) -> steps.Steps[Any]:
         on_busy = yield steps.Call(self._read_policy, (on_busy,))
         waited = False
@@ -267,6 +268,8 @@ class _Machine(_Execution):
             if superseded is not None and (passed := (yield steps.Call(superseded))) is not None:
                 yield steps.Call(self._tally, (JobOutcome.SKIPPED,))
                 return passed
+            if unique is not None:  # a unique task's claim around its body
+                return (yield from unique(grant))
             return (yield steps.Body(grant))
         finally:
             yield from self._end_steps()
@@ -434,6 +437,7 @@ class FencedExecution(_Machine):
         superseded: Callable[[], Skipped | None] | None = None,
         sender: Any = None,
         defer: Callable[[float], Any] | None = None,
+        unique: Callable[[Lease], steps.Steps[Any]] | None = None,
     ) -> _T | Skipped:
         """Run ``body`` under a new grant; the outcome is the body's.
 
@@ -451,10 +455,13 @@ class FencedExecution(_Machine):
           task=..., reason="lock_held")``, a :class:`Skipped` result) or ``"retry"``:
           ``raise retry(held, countdown)``, the countdown being the holder's
           remaining lease (database time) plus jitter.
+        - ``unique(grant)``: the steps run instead of the body step alone (a
+          unique task's claim, :class:`~coordination.contrib.unique.UniqueGate`).
         """
         self._body = body
         plan = self._steps(
-            on_busy=on_busy, retry=retry, superseded=superseded, sender=sender, defer=defer
+            on_busy=on_busy, retry=retry, superseded=superseded, sender=sender, defer=defer,
+            unique=unique,
         )
         return cast(_T | Skipped, steps.drive(plan, self._do))
 
@@ -503,6 +510,7 @@ class AsyncFencedExecution(_Machine):
         on_busy: OnBusy = "raise",
         sender: Any = None,
         defer: Callable[[float], Any] | None = None,
+        unique: Callable[[Lease], steps.Steps[Any]] | None = None,
     ) -> _T | Skipped:
         """Await ``body`` under a new grant; ``on_busy`` is ``"raise"`` or ``"skip"``.
 
@@ -511,7 +519,9 @@ class AsyncFencedExecution(_Machine):
         paused execution waits with ``asyncio.sleep``). The permit of a
         policy's ``max_running`` is kept alive beside the grant and released
         with it."""
-        plan = self._steps(on_busy=on_busy, retry=None, superseded=None, sender=sender, defer=defer)
+        plan = self._steps(
+            on_busy=on_busy, retry=None, superseded=None, sender=sender, defer=defer, unique=unique
+        )
 
         async def do(step: steps.Step) -> Any:
             """The asyncio driver's step: blocking calls on the app's threads."""
