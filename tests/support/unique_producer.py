@@ -32,7 +32,8 @@ def main(argv: list[str]) -> int:
             return 2
         time.sleep(0.002)
     result: Any = until_succeeded.apply_async((run, n), {"report": report}, queue=queue)
-    print(json.dumps({"n": n, "id": result.id, "duplicate": result.duplicate}), flush=True)
+    duplicate = bool(getattr(result, "duplicate", False))  # False where nothing says so
+    print(json.dumps({"n": n, "id": result.id, "duplicate": duplicate}), flush=True)
     return 0
 
 
