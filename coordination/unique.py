@@ -40,12 +40,16 @@ from .logfields import LogFields
 from .models import DatabaseNow, Grant, UniqueClaim, UniqueScope
 
 __all__ = [
-    "claim_enqueue", "claim_start", "end_claim", "holder_of", "release_enqueue", "requeue",
+    "PENDING", "claim_enqueue", "claim_start", "end_claim", "holder_of", "name_claim",
+    "release_enqueue", "requeue",
 ]
 
 logger = logging.getLogger("coordination.tasks")
 
 _Verdict = Literal["take", "keep", "delete", "duplicate"]
+#: The beginning of the task id a producer claims with before its backend names
+#: the message (``django.tasks`` backends choose the id in ``enqueue()``).
+PENDING = "enqueue:"
 #: Attempts at a claim when the row comes and goes between the INSERT and the lock.
 _ATTEMPTS = 20
 
@@ -152,6 +156,17 @@ def release_enqueue(key: str, *, task_id: str, using: str | None = None) -> None
         logger.warning("unique claim not released %s", LogFields(key=key, task_id=task_id, error=error))
 
 
+def name_claim(key: str, *, pending: str, task_id: str, using: str | None = None) -> None:
+    """The message claimed as ``pending`` was sent as ``task_id``: name the claim so.
+    Never raises (a claim left pending ends at its bound)."""
+    try:
+        UniqueClaim.objects.using(using or app_settings.DATABASE).filter(
+            key=key, task_id=pending, token__isnull=True
+        ).update(task_id=task_id)
+    except Exception as error:
+        logger.warning("unique claim not named %s", LogFields(key=key, task_id=task_id, error=error))
+
+
 def claim_start(
     key: str, *, task: str, task_id: str, scope: str, grant: Lease,
     seconds: float | None = None, using: str | None = None,
@@ -179,7 +194,9 @@ def claim_start(
         values.update(task=task[:255], task_id=task_id, scope=scope, claimed_at=DatabaseNow())
 
     def decide(row: UniqueClaim, holds: bool) -> _Verdict:
-        mine = row.task_id == task_id and row.token is None
+        # A claim still pending (its producer has not named it yet) is taken
+        # as this message's own: the run cannot be told apart from it.
+        mine = row.token is None and (row.task_id == task_id or row.task_id.startswith(PENDING))
         ours = row.lock_key == grant.key and row.token == grant.token
         if holds and not (mine or ours):
             return "duplicate"
