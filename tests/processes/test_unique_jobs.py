@@ -1,8 +1,8 @@
 """Unique jobs with real processes: producers in several processes racing for one
 key, a duplicate message that reaches a real prefork worker, and a worker killed
 with SIGKILL in the middle of a "while running" job, whose key is free again once
-its lease expired by the database clock. Redis broker, PostgreSQL (the in-process
-tests, tests/db/test_unique_jobs.py, run on every leg, SQLite included)."""
+its lease expired by the database clock. The workers' tests: Redis broker,
+PostgreSQL; the producers' race also on every leg (SQLite, filesystem broker)."""
 
 from __future__ import annotations
 
@@ -37,10 +37,8 @@ from tests.support.celery_workers import (
 )
 from tests.support.waiting import wait_for, wait_until_database_time_passes
 
-pytestmark = [
-    pytest.mark.legs("pg", reason="producers and workers in processes of their own need row locks"),
-    pytest.mark.django_db(transaction=True),
-]
+pytestmark = pytest.mark.django_db(transaction=True)
+on_workers = pytest.mark.legs("pg", reason="real prefork workers paused and killed need row locks")
 
 PRODUCERS = 6
 
@@ -76,16 +74,14 @@ def drained(worker: Worker, broker: RedisBroker) -> None:
     )
 
 
-def test_producers_in_several_processes_send_one_message_and_all_get_its_id(
-    worker: Worker, broker: RedisBroker, tmp_path: Path
-) -> None:
-    run, report, barrier = fresh("race"), tmp_path / "events.jsonl", tmp_path / "barrier"
+def race(run: str, queue: str, tmp_path: Path, env: dict[str, str], *folder: str) -> list[dict[str, Any]]:
+    """Start the producers, open the barrier once all are connected; their outputs."""
+    report, barrier = tmp_path / "events.jsonl", tmp_path / "barrier"
     barrier.mkdir()
-    env = worker_environment(broker.url, COORDINATION_TEST_REDIS_PREFIX=broker.prefix)
     producers = [
         subprocess.Popen(
-            [sys.executable, "-m", "tests.support.unique_producer", run, str(n), worker.queue,
-             str(report), str(barrier)],
+            [sys.executable, "-m", "tests.support.unique_producer", run, str(n), queue,
+             str(report), str(barrier), *folder],
             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         )
         for n in range(PRODUCERS)
@@ -99,7 +95,28 @@ def test_producers_in_several_processes_send_one_message_and_all_get_its_id(
             if process.poll() is None:
                 process.kill()
     assert all(process.returncode == 0 for process in producers), [err[-2000:] for _out, err in outputs]
-    enqueued = [json.loads(out) for out, _err in outputs]
+    return [json.loads(out) for out, _err in outputs]
+
+
+def test_producers_in_several_processes_on_the_embedded_default_send_one_message(tmp_path: Path) -> None:
+    """Every leg, SQLite included: the messages go to a filesystem broker's folder."""
+    folder = tmp_path / "broker"
+    folder.mkdir()
+    enqueued = race(fresh("race"), "nobody", tmp_path, worker_environment(None), str(folder))
+
+    sent = [one for one in enqueued if not one["duplicate"]]
+    assert len(sent) == 1, enqueued
+    assert {one["id"] for one in enqueued} == {sent[0]["id"]}
+    assert len(list(folder.iterdir())) == 1
+
+
+@on_workers
+def test_producers_in_several_processes_send_one_message_and_all_get_its_id(
+    worker: Worker, broker: RedisBroker, tmp_path: Path
+) -> None:
+    run, report = fresh("race"), tmp_path / "events.jsonl"
+    env = worker_environment(broker.url, COORDINATION_TEST_REDIS_PREFIX=broker.prefix)
+    enqueued = race(run, worker.queue, tmp_path, env)
 
     sent = [one for one in enqueued if not one["duplicate"]]
     assert len(sent) == 1, enqueued
@@ -112,6 +129,7 @@ def test_producers_in_several_processes_send_one_message_and_all_get_its_id(
     wait_for(lambda: unique.holder_of(f"uq:{run}") is None, what="the claim ended on success")
 
 
+@on_workers
 def test_a_duplicate_message_that_reaches_a_real_worker_does_not_run(
     worker: Worker, broker: RedisBroker, tmp_path: Path
 ) -> None:
@@ -138,6 +156,7 @@ def test_a_duplicate_message_that_reaches_a_real_worker_does_not_run(
     assert JobTally.objects.get(task=tasks.until_succeeded.name, outcome="skipped").count >= 1
 
 
+@on_workers
 def test_a_sigkilled_worker_leaves_a_while_running_key_free_after_its_lease(
     broker: RedisBroker, tmp_path: Path
 ) -> None:
