@@ -40,7 +40,7 @@ from .logfields import LogFields
 from .models import DatabaseNow, Grant, UniqueClaim, UniqueScope
 
 __all__ = [
-    "PENDING", "claim_enqueue", "claim_start", "end_claim", "holder_of", "name_claim",
+    "PENDING", "claim_enqueue", "claim_start", "end_claim", "holder_of", "name_claim", "prune",
     "release_enqueue", "requeue",
 ]
 
@@ -234,3 +234,21 @@ def end_claim(key: str, *, grant: Lease, using: str | None = None) -> None:
         ).delete()
     except Exception as error:
         logger.warning("unique claim not ended %s", LogFields(key=key, token=grant.token, error=error))
+
+
+def prune(*, older_than: float = 86400.0, using: str | None = None) -> int:
+    """Delete the claims that no longer hold and were last claimed more than
+    ``older_than`` seconds ago (database clock); the number deleted. A key's
+    row is made again by its next claim. The age condition is the row's own,
+    so a claim taken over while this runs (its ``claimed_at`` moved to now)
+    is never deleted."""
+    rows = UniqueClaim.objects.using(using or app_settings.DATABASE)
+
+    def ended(queryset: Any) -> Any:
+        return queryset.filter(claimed_at__lt=_in(-older_than)).exclude(_holds())
+
+    # The keys first (MySQL deletes from no subquery of the same table), judged
+    # again by the DELETE itself.
+    pks = list(ended(rows).values_list("pk", flat=True)[:10000])
+    deleted, _ = ended(rows.filter(pk__in=pks)).delete()
+    return int(deleted)

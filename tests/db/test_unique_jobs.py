@@ -251,6 +251,18 @@ def test_a_waiting_claim_ends_after_the_bound(broker: Any, settings: Any) -> Non
     assert enqueue(while_queued, broker, 7).duplicate is False
 
 
+def test_prune_deletes_only_claims_that_ended_long_enough_ago(broker: Any) -> None:
+    held = enqueue(until_succeeded, broker, 7)
+    ended = enqueue(until_succeeded, broker, 8)
+    assert run_message(until_succeeded, ended, 8) == 0
+    UniqueClaim.objects.create(key="ujob:9", task=until_succeeded.name, task_id="x", scope="queued")
+
+    assert unique.prune(older_than=0.0) == 1  # ujob:9: never held; ujob:8's row was deleted
+    assert unique.prune(older_than=0.0) == 0
+    assert unique.holder_of("ujob:7") == held.id
+    assert set(UniqueClaim.objects.values_list("key", flat=True)) == {"ujob:7"}
+
+
 # --- the declaration --------------------------------------------------------------
 
 
