@@ -91,7 +91,8 @@ class Skipped(dict[str, Any]):
 
     A dict (JSON-serialisable for any result backend) with ``coordination`` set to
     ``"skipped"``, ``reason`` (``"lock_held"``, ``"superseded"``, ``"paused"`` or ``"duplicate"``),
-    ``key`` and ``detail``: never mistaken for a silent success. An execution
+    ``key`` and ``detail`` (a duplicate's also ``existing``, the holder's id):
+    never mistaken for a silent success. An execution
     deferred by a paused policy where the integration sends a new message
     (``django.tasks``) has ``coordination`` set to ``"deferred"``.
     """
