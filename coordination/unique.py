@@ -16,12 +16,12 @@ countdown; or the N seconds of ``unique_for=N``), or while the running
 execution's grant is live (not ended, not past its lease). So a worker killed
 in the middle of a body never keeps the key: the claim ends with its lease.
 
-A claim is taken in one transaction on the fenced-writes database: an INSERT
-that the unique key constraint decides between producers racing for a new
-key, else the existing row locked (``SELECT ... FOR UPDATE``) and judged by a
-later statement, so the judgement sees every grant committed before the lock
-was granted (a single ``UPDATE ... WHERE NOT EXISTS (grant)`` could judge by
-a snapshot older than the row it waited for).
+A claim is taken in one transaction on the fenced-writes database: the key's
+row locked (``SELECT ... FOR UPDATE``) and judged by a later statement, so the
+judgement sees every grant committed before the lock was granted (a single
+``UPDATE ... WHERE NOT EXISTS (grant)`` could judge by a snapshot older than
+the row it waited for); a key without a row gets one by an INSERT that the
+key's unique constraint decides between producers racing for it.
 """
 
 from __future__ import annotations
@@ -79,32 +79,31 @@ def _claim(
     key: str, alias: str, values: dict[str, Any] | None,
     decide: Callable[[UniqueClaim, bool], _Verdict],
 ) -> str | None:
-    """Insert ``values`` for ``key`` (None: insert nothing), or judge the row
-    there with ``decide(row, holds)``; the holder's task id for a duplicate."""
+    """Judge the row of ``key`` with ``decide(row, holds)`` under its row lock, or
+    insert ``values`` if there is none (None: insert nothing); the holder's task
+    id for a duplicate. A key's row outlives its claims, so the lock comes first."""
     rows = UniqueClaim.objects.using(alias)
     for _attempt in range(_ATTEMPTS):
-        if values is not None:
-            try:
-                with transaction.atomic(using=alias):
-                    rows.create(key=key, **values)
-                return None
-            except IntegrityError:
-                pass  # the key has a row: judge it
         with transaction.atomic(using=alias):
             row = rows.select_for_update().filter(key=key).first()
-            if row is None:
-                if values is None:
-                    return None
-                continue  # ended and deleted meanwhile: insert again
-            holds = rows.filter(_holds(), pk=row.pk).exists()
-            verdict = decide(row, holds)
-            if verdict == "duplicate":
-                return row.task_id
-            if verdict == "take" and values is not None:
-                rows.filter(pk=row.pk).update(**values)
-            elif verdict == "delete":
-                rows.filter(pk=row.pk).delete()
+            if row is not None:
+                holds = rows.filter(_holds(), pk=row.pk).exists()
+                verdict = decide(row, holds)
+                if verdict == "duplicate":
+                    return row.task_id
+                if verdict == "take" and values is not None:
+                    rows.filter(pk=row.pk).update(**values)
+                elif verdict == "delete":
+                    rows.filter(pk=row.pk).delete()
+                return None
+        if values is None:
             return None
+        try:
+            with transaction.atomic(using=alias):
+                rows.create(key=key, **values)
+            return None
+        except IntegrityError:
+            pass  # another producer made the row meanwhile: judge it
     raise RuntimeError(f"unique key {key!r}: no claim after {_ATTEMPTS} attempts")
 
 
