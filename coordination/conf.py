@@ -60,6 +60,9 @@ Defaults (override any key in your settings)::
         "JOB_POLICY_REFRESH": 2.0,  # seconds a worker process keeps the job policies it
                                     # read (docs/jobs.md): a change in the admin or over
                                     # REST applies to executions that start later than this
+        "UNIQUE_QUEUED_FOR": 3600.0,  # seconds a unique job's key stays claimed by a message
+                                    # that waits to start (plus its countdown), so a message
+                                    # lost in the broker never keeps the key for ever
     }
 """
 
@@ -103,6 +106,7 @@ DEFAULTS: dict[str, Any] = {
     "ASYNC_THREADS": 8,
     "FENCE_IDLE_TIMEOUT": None,
     "JOB_POLICY_REFRESH": 2.0,
+    "UNIQUE_QUEUED_FOR": 3600.0,
 }
 
 

@@ -17,7 +17,8 @@ The grant point's signals keep ``sender=Grant``.
 - ``write_rejected(sender=Rejection, rejection=...)``
 - ``task_skipped(sender=task class, task=..., key=..., reason=..., error=...)`` (a fenced
   task did not run its body: ``reason`` is ``"lock_held"``, ``"superseded"``, ``"paused"``
-  or ``"completed"``, a ``once`` task id whose body completed before)
+  or ``"completed"``, a ``once`` task id whose body completed before, or ``"duplicate"``, a
+  unique job's key held by another execution)
 - ``lock_renewed(sender=Grant, grant=lease)`` (renew moved ``grant.expires_at``)
 - ``lock_expired(sender=Grant, key=..., token=..., holder=..., acquired_at=..., expired_at=...)``
   (a lease ran out and was recorded as expired: by a late release, or by the next

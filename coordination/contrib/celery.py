@@ -25,8 +25,10 @@ from celery import Task, shared_task
 from celery._state import _task_stack  # type: ignore[attr-defined]
 from celery.exceptions import Retry
 from celery.signals import worker_init, worker_ready
+from celery.utils import uuid
 
 from .. import jobs, locks, signals
+from .. import unique as unique_claims
 from ..conf import app_settings
 from ..exceptions import (
     DuplicateWrite,
@@ -52,6 +54,7 @@ from .execution import (
     validate_on_busy,
 )
 from .lock_keys import check_template
+from .unique import UniqueFor, UniqueGate, UniqueSpec, unique_spec
 
 __all__ = ["ENQUEUE_TOKEN_HEADER", "REFUSALS", "FencedTask", "Skipped", "fenced_task", "supersede_key"]
 
@@ -83,7 +86,7 @@ class FencedTask(Task[_P, _R]):
     ``fenced_lock`` (template or callable over the task's arguments),
     ``fenced_ttl``, ``fenced_wait``, ``fenced_on_busy``, ``fenced_keepalive``,
     ``fenced_supersede``, ``fenced_once_per_slot``, ``fenced_concurrency`` and
-    ``fenced_once``.
+    ``fenced_once`` and ``fenced_unique`` (a :class:`~coordination.contrib.unique.UniqueSpec`).
     """
 
     fenced_lock: LockSpec | None = None
@@ -95,6 +98,7 @@ class FencedTask(Task[_P, _R]):
     fenced_once_per_slot: bool = False
     fenced_concurrency: int | None = None
     fenced_once: bool = False
+    fenced_unique: UniqueSpec | None = None
 
     throws = REFUSALS
     """Refused late writes are what a fencing token is for: Celery logs them as
@@ -134,7 +138,17 @@ class FencedTask(Task[_P, _R]):
 
         A retry keeps the number of the enqueue it retries (it travels in the
         request's headers), so a later enqueue supersedes the retry too.
+
+        A unique task (``unique=``) first claims its key for the message's task
+        id; a duplicate is not sent: the result is the ``AsyncResult`` of the
+        execution holding the key, with ``duplicate`` set to True (False on a
+        message sent), and the duplicate is logged ("task enqueue deduplicated").
         """
+        if self.fenced_unique is not None:
+            return self._apply_unique(self.fenced_unique, args, kwargs, options)
+        return self._send(args, kwargs, options)
+
+    def _send(self, args: Any, kwargs: Any, options: dict[str, Any]) -> Any:
         if self.fenced_supersede:
             headers = dict(options.get("headers") or {})
             if ENQUEUE_TOKEN_HEADER not in headers:
@@ -150,6 +164,31 @@ class FencedTask(Task[_P, _R]):
                 headers[ENQUEUE_TOKEN_HEADER] = ticket.token
                 options["headers"] = headers
         return super().apply_async(args, kwargs, **options)
+
+    def _apply_unique(self, spec: UniqueSpec, args: Any, kwargs: Any, options: dict[str, Any]) -> Any:
+        key = spec.key_for(self.run, args, kwargs)
+        task_id = options.setdefault("task_id", None) or uuid()
+        options["task_id"] = task_id
+        countdown = options.get("countdown")
+        holder = unique_claims.claim_enqueue(
+            key, task=self.name, task_id=task_id, scope=spec.scope, seconds=spec.seconds,
+            countdown=float(countdown) if isinstance(countdown, (int, float)) else 0.0,
+        )
+        if holder is not None:
+            logger.info(
+                "task enqueue deduplicated %s",
+                LogFields(task=self.name, key=key, existing=holder, scope=spec.scope),
+            )
+            existing: Any = self.AsyncResult(holder)
+            existing.duplicate = True
+            return existing
+        try:
+            sent = self._send(args, kwargs, options)
+        except BaseException:
+            unique_claims.release_enqueue(key, task_id=task_id)
+            raise
+        sent.duplicate = False
+        return sent
 
     # --- one execution ----------------------------------------------------------
 
@@ -186,7 +225,19 @@ class FencedTask(Task[_P, _R]):
             # paused task then waits in the caller until resumed.
             defer=None if request.called_directly or request.is_eager
             else lambda countdown: self._defer(args, kwargs, countdown),
+            unique=self._unique_gate(args, kwargs),
         )
+
+    def _unique_gate(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """A unique task's claim around its body (None: not unique, or called as a
+        plain function, with no message to be a duplicate of)."""
+        spec, request = self.fenced_unique, self.request
+        if spec is None or request.called_directly or not request.id:
+            return None
+        return UniqueGate(
+            spec, spec.key_for(self.run, args, kwargs), name=self.name, task_id=request.id,
+            label=f"{self.name}[{request.id}]", task=self, sender=type(self), retrying=(Retry,),
+        ).steps
 
     def _defer(self, args: tuple[Any, ...], kwargs: dict[str, Any], countdown: float) -> NoReturn:
         """Send this message again in ``countdown`` seconds, paused by its job policy.
@@ -214,6 +265,15 @@ class FencedTask(Task[_P, _R]):
         """
         execution = current_execution()
         if execution is not None and execution.task is self:
+            spec = self.fenced_unique
+            if spec is not None and spec.scope == "succeeded" and execution.grant is not None:
+                # Until it succeeded: the key stays claimed between the attempts.
+                countdown = kwargs.get("countdown")
+                unique_claims.requeue(
+                    spec.key_for(self.run, self.request.args, self.request.kwargs),
+                    grant=execution.grant,
+                    countdown=float(countdown) if isinstance(countdown, (int, float)) else 0.0,
+                )
             execution.end()
         return super().retry(*args, **kwargs)
 
@@ -263,6 +323,8 @@ def fenced_task(
     once_per_slot: bool = False,
     concurrency: int | None = None,
     once: bool = False,
+    unique: LockSpec | None = None,
+    unique_for: UniqueFor = "succeeded",
     app: Any = None,
     bind: Literal[False] = False,
     **options: Any,
@@ -281,6 +343,8 @@ def fenced_task(
     once_per_slot: bool = False,
     concurrency: int | None = None,
     once: bool = False,
+    unique: LockSpec | None = None,
+    unique_for: UniqueFor = "succeeded",
     app: Any = None,
     bind: Literal[True],
     **options: Any,
@@ -299,6 +363,8 @@ def fenced_task(
     once_per_slot: bool = False,
     concurrency: int | None = None,
     once: bool = False,
+    unique: LockSpec | None = None,
+    unique_for: UniqueFor = "succeeded",
     app: Any = None,
     bind: bool = False,
     **options: Any,
@@ -345,6 +411,20 @@ def fenced_task(
       renewals) cannot take that. Effects outside the database are not in the transaction: send
       them through the outbox. The records are pruned with the grant history
       (``coordination_prune``).
+    - ``unique``: a unique job: a key template over the task's arguments (as
+      ``lock``, checked here) naming what must not be enqueued or run twice
+      at once; ``unique_for`` says for how long: ``"queued"`` (from the enqueue
+      until the message starts), ``"running"`` (while an execution runs: its
+      lease), ``"succeeded"`` (default: from the enqueue, through retries,
+      until the body succeeded or failed for good) or a number of seconds
+      from the enqueue. A duplicate ``delay()``/``apply_async()`` sends
+      nothing and returns the ``AsyncResult`` of the execution holding the key,
+      with ``.duplicate`` True; a duplicate message that reaches a worker anyway
+      returns a :class:`Skipped` result (reason ``"duplicate"``, ``existing``
+      the holder's id) without running its body. The claims are decided by
+      the database and its clock (:mod:`coordination.unique`): a killed
+      worker's claim ends with its lease, a lost message's after
+      ``COORDINATION["UNIQUE_QUEUED_FOR"]`` seconds.
     - ``app``: register on this Celery app (default: ``shared_task``).
 
     Other keyword arguments are Celery task options (``bind``, ``acks_late``,
@@ -384,7 +464,8 @@ def fenced_task(
 
     def decorate(func: Callable[..., Any]) -> Any:
         check_template(lock, func, bound=bind)
-        return register(bind=bind, **options)(func)
+        spec = unique_spec(unique, unique_for, func, bound=bind)
+        return register(bind=bind, fenced_unique=spec, **options)(func)
 
     return decorate
 

@@ -91,8 +91,9 @@ class Skipped(dict[str, Any]):
     """The result of an execution that did not run its body: skipped or superseded.
 
     A dict (JSON-serialisable for any result backend) with ``coordination`` set to
-    ``"skipped"``, ``reason`` (``"lock_held"``, ``"superseded"`` or ``"paused"``),
-    ``key`` and ``detail``: never mistaken for a silent success. An execution
+    ``"skipped"``, ``reason`` (``"lock_held"``, ``"superseded"``, ``"paused"`` or ``"duplicate"``),
+    ``key`` and ``detail`` (a duplicate's also ``existing``, the holder's id):
+    never mistaken for a silent success. An execution
     deferred by a paused policy where the integration sends a new message
     (``django.tasks``) has ``coordination`` set to ``"deferred"``.
     """
@@ -245,6 +246,7 @@ class _Machine(_Execution):
         superseded: Callable[[], Skipped | None] | None,
         sender: Any,
         defer: Callable[[float], Any] | None,
+        unique: Callable[[Lease], steps.Steps[Any]] | None = None,
     ) -> steps.Steps[Any]:
         once = self.once_key
         if once is not None and (found := (yield steps.Call(completed, (once, self.using)))):
@@ -275,7 +277,10 @@ class _Machine(_Execution):
             if superseded is not None and (passed := (yield steps.Call(superseded))) is not None:
                 yield steps.Call(self._tally, (JobOutcome.SKIPPED,))
                 return passed
-            outcome = yield steps.Body(grant)
+            if unique is not None:  # a unique task's claim around its body
+                outcome = yield from unique(grant)
+            else:
+                outcome = yield steps.Body(grant)
             if isinstance(outcome, Found):  # a concurrent copy completed it meanwhile
                 return (yield steps.Call(finished, (self, outcome, sender)))
             return outcome
@@ -450,6 +455,7 @@ class FencedExecution(_Machine):
         superseded: Callable[[], Skipped | None] | None = None,
         sender: Any = None,
         defer: Callable[[float], Any] | None = None,
+        unique: Callable[[Lease], steps.Steps[Any]] | None = None,
     ) -> _T | Skipped:
         """Run ``body`` under a new grant; the outcome is the body's.
 
@@ -467,10 +473,13 @@ class FencedExecution(_Machine):
           task=..., reason="lock_held")``, a :class:`Skipped` result) or ``"retry"``:
           ``raise retry(held, countdown)``, the countdown being the holder's
           remaining lease (database time) plus jitter.
+        - ``unique(grant)``: the steps run instead of the body step alone (a
+          unique task's claim, :class:`~coordination.contrib.unique.UniqueGate`).
         """
         self._body = body
         plan = self._steps(
-            on_busy=on_busy, retry=retry, superseded=superseded, sender=sender, defer=defer
+            on_busy=on_busy, retry=retry, superseded=superseded, sender=sender, defer=defer,
+            unique=unique,
         )
         return cast(_T | Skipped, steps.drive(plan, self._do))
 
@@ -525,6 +534,7 @@ class AsyncFencedExecution(_Machine):
         on_busy: OnBusy = "raise",
         sender: Any = None,
         defer: Callable[[float], Any] | None = None,
+        unique: Callable[[Lease], steps.Steps[Any]] | None = None,
     ) -> _T | Skipped:
         """Await ``body`` under a new grant; ``on_busy`` is ``"raise"`` or ``"skip"``.
 
@@ -535,7 +545,9 @@ class AsyncFencedExecution(_Machine):
         with it. No ``once``: a transaction cannot span the awaits of a body."""
         if self.once_key is not None:
             raise InvalidInput("once=True needs a synchronous body: a transaction cannot span awaits")
-        plan = self._steps(on_busy=on_busy, retry=None, superseded=None, sender=sender, defer=defer)
+        plan = self._steps(
+            on_busy=on_busy, retry=None, superseded=None, sender=sender, defer=defer, unique=unique
+        )
 
         async def do(step: steps.Step) -> Any:
             """The asyncio driver's step: blocking calls on the app's threads."""

@@ -60,6 +60,8 @@ from .execution import (
     validate_on_busy,
 )
 from .lock_keys import check_template
+from .unique import UniqueFor, UniqueGate, UniqueSpec, unique_spec
+from .unique_tasks import enqueue_unique, with_context_parameter
 
 __all__ = ["fenced", "fenced_task"]
 
@@ -78,6 +80,8 @@ def fenced(
     using: str | None = None,
     registered: Callable[[], Any] | None = None,
     once: bool = False,
+    unique: UniqueSpec | None = None,
+    hide_context: bool = False,
 ) -> Callable[[_F], _F]:
     """Wrap a task function so that each call runs under a new grant of ``lock``.
 
@@ -90,20 +94,36 @@ def fenced(
     ``fenced_task``, keyed by the run's result id, which only the
     ``TaskContext`` carries: it needs ``takes_context=True`` and a synchronous
     function (a transaction cannot span the awaits of an ``async def`` body).
+    ``unique``: the task's uniqueness, checked
+    when a run starts (it needs the run's id: the context). ``hide_context``:
+    the wrapper takes the context first, the function does not.
     """
     if not (isinstance(lock, str) or callable(lock)):
         raise InvalidInput("fenced(lock=...) must be a key template or a callable")
     busy = validate_on_busy(on_busy, ("skip", "raise"))
 
     def decorate(func: _F) -> _F:
-        check_template(lock, func, bound=takes_context)
+        check_template(lock, func, bound=takes_context and not hide_context)
         if once and (not takes_context or inspect.iscoroutinefunction(func)):
             raise InvalidInput(
                 "fenced(once=True) needs takes_context=True (the run's id is in its context) "
                 "and a synchronous function (a transaction cannot span awaits)"
             )
-        signature = _key_signature(func, takes_context)
+        signature = _key_signature(func, takes_context and not hide_context)
         name = f"{func.__module__}.{func.__qualname__}"
+
+        def call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            return func(*(args[1:] if hide_context else args), **kwargs)
+
+        def gate(run: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            """A unique task's claim around the body (None: not unique, or no run id)."""
+            if unique is None or run.task_id is None:
+                return None
+            key_args = args[1:] if takes_context else args
+            return UniqueGate(
+                unique, resolve_lock_key(unique.key, signature, key_args, kwargs), name=name,
+                task_id=run.task_id, label=run.label, task=func, sender=fenced, using=using,
+            ).steps
 
         def execution(args: tuple[Any, ...], kwargs: dict[str, Any], kind: type[_E]) -> _E:
             key_args = args[1:] if takes_context else args
@@ -142,20 +162,24 @@ def fenced(
             async def arun(*args: Any, **kwargs: Any) -> Any:
                 run = execution(args, kwargs, AsyncFencedExecution)
                 return await run.run(
-                    lambda: func(*args, **kwargs), on_busy=busy, sender=fenced,
-                    defer=deferrer(run.key, args, kwargs),
+                    lambda: call(args, kwargs), on_busy=busy, sender=fenced,
+                    defer=deferrer(run.key, args, kwargs), unique=gate(run, args, kwargs),
                 )
 
+            if hide_context:
+                with_context_parameter(arun, func)
             return arun  # type: ignore[return-value]
 
         @functools.wraps(func)
         def run(*args: Any, **kwargs: Any) -> Any:
             one = execution(args, kwargs, FencedExecution)
             return one.run(
-                lambda: func(*args, **kwargs), on_busy=busy, sender=fenced,
-                defer=deferrer(one.key, args, kwargs),
+                lambda: call(args, kwargs), on_busy=busy, sender=fenced,
+                defer=deferrer(one.key, args, kwargs), unique=gate(one, args, kwargs),
             )
 
+        if hide_context:
+            with_context_parameter(run, func)
         return run  # type: ignore[return-value]
 
     return decorate
@@ -171,6 +195,8 @@ def fenced_task(
     takes_context: bool = False,
     using: str | None = None,
     once: bool = False,
+    unique: LockSpec | None = None,
+    unique_for: UniqueFor = "succeeded",
     **task_options: Any,
 ) -> Callable[[Callable[..., Any]], Any]:
     """Declare a ``django.tasks`` task whose every run holds a new grant of ``lock``.
@@ -182,6 +208,17 @@ def fenced_task(
     it needs ``takes_context=True``. Other keyword arguments (``priority``, ``queue_name``,
     ``backend``) go to ``django.tasks.task``. Raises ``ImproperlyConfigured`` on
     a Django without ``django.tasks``.
+
+    ``unique`` and ``unique_for``: a unique job, as for the Celery
+    ``fenced_task``. A run that starts while another execution holds the key
+    returns a ``Skipped`` dict (reason ``"duplicate"``, ``existing`` the
+    holder's result id) without running the body. On a backend that queues
+    (every one but the immediate backend, which runs the task inside
+    ``enqueue()``), a duplicate ``enqueue()`` queues nothing and returns the
+    holder's result (``backend.get_result``) with ``duplicate`` True; where the
+    backend cannot fetch results, the duplicate is queued and its run is the
+    ``Skipped`` one. The task is registered with ``takes_context=True`` (its
+    run's id is its claim's), the context passed on only if asked for.
     """
     try:
         from django.tasks import task
@@ -192,13 +229,17 @@ def fenced_task(
         ) from None
     register: Any = task  # its overloads need takes_context as a literal
     def decorate(func: Callable[..., Any]) -> Any:
+        spec = unique_spec(unique, unique_for, func, bound=takes_context)
+        context = takes_context or spec is not None
         made: list[Any] = []  # the Task, once registered: a paused run enqueues it again
         wrap = fenced(
             lock=lock, ttl=ttl, wait=wait, on_busy=on_busy, keepalive=keepalive,
-            takes_context=takes_context, using=using, registered=lambda: made[0] if made else None,
-            once=once,
+            takes_context=context, using=using, registered=lambda: made[0] if made else None,
+            unique=spec, hide_context=context and not takes_context, once=once,
         )
-        made.append(register(takes_context=takes_context, **task_options)(wrap(func)))
+        made.append(register(takes_context=context, **task_options)(wrap(func)))
+        if spec is not None:
+            made[0] = enqueue_unique(made[0], spec, func, using=using, takes_context=takes_context)
         return made[0]
 
     return decorate

@@ -11,7 +11,7 @@ in the transaction that raises the token floor above its counter.
 - :mod:`.fences`: fences, rejections, accepted writes, idempotency records,
   tombstones, unfenced saves, documents;
 - :mod:`.access`: access rules; :mod:`.election`: roles and beat slots;
-- :mod:`.jobs`: job policies, their changes, tallies and executions;
+- :mod:`.jobs`: job policies, their changes, tallies, executions and unique-job claims;
 - :mod:`.outbox`: external calls recorded under a fence, sent by the relay.
 
 Every name is importable from here (``from coordination.models import Lock``);
@@ -82,6 +82,8 @@ from .jobs import (
     JobPolicyChange,
     JobTally,
     ReportedTask,
+    UniqueClaim,
+    UniqueScope,
     WhenPaused,
     validate_task_pattern,
 )
@@ -135,6 +137,8 @@ __all__ = [
     "TokenFloorQuerySet",
     "Tombstone",
     "UnfencedSave",
+    "UniqueClaim",
+    "UniqueScope",
     "WhenPaused",
     "hash_lease_id",
     "key_matches",

@@ -290,3 +290,39 @@ class ReportedTask(models.Model):
 
     def __str__(self) -> str:
         return self.task
+
+
+class UniqueScope(models.TextChoices):
+    """How long a unique job's key stays claimed by one execution."""
+
+    QUEUED = "queued", _("while queued")
+    RUNNING = "running", _("while running")
+    SUCCEEDED = "succeeded", _("until it succeeded")
+    SECONDS = "seconds", _("for some seconds")
+
+
+class UniqueClaim(models.Model):
+    """The execution that holds a unique job's key now, and until when.
+
+    One row per key (the unique constraint decides between producers that claim
+    it at once). Held while ``holds_until`` is in the future, or while the grant
+    ``lock_key``/``token`` (the running execution's lease) is live, both by the
+    database clock: a worker killed mid-run leaves a claim that ends with its
+    lease, and a message lost in the broker one that ends at ``holds_until``.
+    Written by :mod:`coordination.unique`; an ended row is taken over in place.
+    """
+
+    key = models.CharField(max_length=KEY_MAX_LENGTH, unique=True)
+    task = models.CharField(max_length=255)
+    task_id = models.CharField(max_length=255)
+    scope = models.CharField(max_length=9, choices=UniqueScope.choices)
+    holds_until = models.DateTimeField(null=True, blank=True)
+    lock_key = models.CharField(max_length=KEY_MAX_LENGTH, blank=True, default="")
+    token = models.BigIntegerField(null=True, blank=True)
+    claimed_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        ordering = ["key"]
+
+    def __str__(self) -> str:
+        return f"{self.key} held by {self.task}[{self.task_id}] ({self.scope})"
