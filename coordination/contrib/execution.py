@@ -22,8 +22,9 @@ task bodies through :class:`FencedExecution`, so both behave the same way:
   (the integration's own retry, after the holder's remaining lease);
 - the task's job policy (:mod:`coordination.jobs`), read at each execution,
   applies the same way: a paused task defers (the integration's ``defer``) or
-  skips, ``max_running`` takes a fenced permit beside the key's lock, and
-  ``ttl`` and ``on_busy`` overrides replace the decorator's.
+  skips, ``max_running`` and ``key_cap`` take fenced permits beside the key's
+  lock, a rate limit defers the executions over it, and ``ttl`` and
+  ``on_busy`` overrides replace the decorator's (:mod:`.execution_limits`).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from ..logfields import LogFields
 from ..models import HOLDER_MAX_LENGTH, JobOutcome, WhenPaused
 from ..semaphores import aacquire_permit, acquire_permit, permit_keys
 from . import execution_steps as steps
+from .execution_limits import RateLimited, _Limits
 from .lock_keys import LockSpec, lock_key_for, resolve_lock_key
 from .release import release_quietly
 
@@ -119,9 +121,12 @@ class _ExecutionOptions(TypedDict, total=False):
     name: str | None
     task_id: str | None
     attempt: int
+    arguments: Any
+    rate: Any
+    rate_key: str
 
 
-class _Execution:
+class _Execution(_Limits):
     """What both kinds of execution are given: the key, who holds it, for how long,
     how long to wait for it, and the grant once there is one."""
 
@@ -140,6 +145,9 @@ class _Execution:
         name: str | None = None,
         task_id: str | None = None,
         attempt: int = 1,
+        arguments: Any = None,
+        rate: Any = None,
+        rate_key: str = "",
     ) -> None:
         if concurrency is not None:
             permit_keys(key, concurrency)  # InvalidInput for a bad limit, before any grant
@@ -157,6 +165,8 @@ class _Execution:
         #: The message's id and attempt, recorded with the execution's grant.
         self.task_id = task_id
         self.attempt = attempt
+        #: The call's arguments by name, and the decorator's rate (see _Limits).
+        self.arguments, self.rate, self.rate_key = arguments, rate, rate_key
         self.policy: jobs.Policy | None = None
         #: With a policy's ``max_running``: the cap and the execution's permit.
         self.max_running: int | None = None
@@ -230,6 +240,7 @@ class _Machine(_Execution):
         super().__init__(key, **options)
         self._keeper: Any = None
         self._permit_keeper: Any = None
+        self._cap_keeper: Any = None
         self._ended = False
 
     def _steps(
@@ -239,7 +250,7 @@ class _Machine(_Execution):
         retry: Callable[[LockHeld, float], Any] | None,
         superseded: Callable[[], Skipped | None] | None,
         sender: Any,
-        defer: Callable[[float], Any] | None,
+        defer: Callable[..., Any] | None,
     ) -> steps.Steps[Any]:
         on_busy = yield steps.Call(self._read_policy, (on_busy,))
         waited = False
@@ -258,10 +269,18 @@ class _Machine(_Execution):
         if superseded is not None and (passed := (yield steps.Call(superseded))) is not None:
             yield steps.Call(self._tally, (JobOutcome.SKIPPED,))
             return passed
-        try:
-            grant = yield from self._acquire_steps()
-        except LockHeld as held:
-            return (yield steps.Call(self._busy, (held, on_busy, retry, sender)))
+        while True:
+            try:
+                grant = yield from self._acquire_steps()
+            except LockHeld as held:
+                return (yield steps.Call(self._busy, (held, on_busy, retry, sender)))
+            except RateLimited as limited:
+                yield steps.Call(self._defer_rate, (limited,))
+                if defer is not None:
+                    return (yield steps.Call(defer, (limited.countdown, "rate_limited")))
+                yield steps.Sleep(limited.countdown)  # no way to send it again: it waits here
+                continue
+            break
         try:
             yield from self._keepalive_steps(grant)
             if superseded is not None and (passed := (yield steps.Call(superseded))) is not None:
@@ -289,6 +308,7 @@ class _Machine(_Execution):
                 finally:
                     yield steps.Release(grant)
                 raise
+        yield from self._limit_steps(grant)
         self.grant = grant
         yield steps.Call(self._record)
         return grant
@@ -302,6 +322,8 @@ class _Machine(_Execution):
             # The permit's loss (revoked, or expired in a pause) marks the key's
             # grant lost too: the body's later fenced writes are refused.
             self._permit_keeper = yield steps.StartKeepAlive(self.permit, grant)
+        if self.cap_permit is not None:
+            self._cap_keeper = yield steps.StartKeepAlive(self.cap_permit, grant)
 
     def _end_steps(self) -> steps.Steps[None]:
         """Once: stop the keep-alives (so they cannot renew, and fail on, a released
@@ -310,15 +332,16 @@ class _Machine(_Execution):
             return
         self._ended = True
         try:
-            for keeper in (self._keeper, self._permit_keeper):
+            for keeper in (self._keeper, self._permit_keeper, self._cap_keeper):
                 if keeper is not None:
                     yield steps.StopKeepAlive(keeper)
         finally:
             try:
                 yield steps.Release(self.grant)
             finally:
-                if self.permit is not None:
-                    yield steps.Release(self.permit)
+                for permit in (self.permit, self.cap_permit):
+                    if permit is not None:
+                        yield steps.Release(permit)
 
     def _acquire_lease(self, key: str, limit: int | None) -> Lease:
         if limit is None:
@@ -433,7 +456,7 @@ class FencedExecution(_Machine):
         retry: Callable[[LockHeld, float], Any] | None = None,
         superseded: Callable[[], Skipped | None] | None = None,
         sender: Any = None,
-        defer: Callable[[float], Any] | None = None,
+        defer: Callable[..., Any] | None = None,
     ) -> _T | Skipped:
         """Run ``body`` under a new grant; the outcome is the body's.
 
@@ -451,6 +474,10 @@ class FencedExecution(_Machine):
           task=..., reason="lock_held")``, a :class:`Skipped` result) or ``"retry"``:
           ``raise retry(held, countdown)``, the countdown being the holder's
           remaining lease (database time) plus jitter.
+        - Over a rate limit (the policy's or the decorator's ``rate``), after the
+          grant and permits were taken and given back: ``defer(countdown,
+          "rate_limited")`` with the limiter's countdown; without ``defer`` it
+          waits that long here and asks again.
         """
         self._body = body
         plan = self._steps(
@@ -502,7 +529,7 @@ class AsyncFencedExecution(_Machine):
         *,
         on_busy: OnBusy = "raise",
         sender: Any = None,
-        defer: Callable[[float], Any] | None = None,
+        defer: Callable[..., Any] | None = None,
     ) -> _T | Skipped:
         """Await ``body`` under a new grant; ``on_busy`` is ``"raise"`` or ``"skip"``.
 

@@ -49,6 +49,7 @@ from typing import Any, TypeVar
 from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 
+from .. import jobs
 from ..exceptions import InvalidInput
 from .execution import (
     AsyncFencedExecution,
@@ -59,6 +60,7 @@ from .execution import (
     resolve_lock_key,
     validate_on_busy,
 )
+from .execution_limits import call_arguments, check_rate, parameters_of
 from .lock_keys import check_template
 
 __all__ = ["fenced", "fenced_task"]
@@ -77,6 +79,8 @@ def fenced(
     takes_context: bool = False,
     using: str | None = None,
     registered: Callable[[], Any] | None = None,
+    rate: Any = None,
+    rate_key: str = "",
 ) -> Callable[[_F], _F]:
     """Wrap a task function so that each call runs under a new grant of ``lock``.
 
@@ -85,7 +89,9 @@ def fenced(
     ``takes_context=True`` the first argument (Django's ``TaskContext``) is not
     part of the lock key template. ``registered`` returns the ``django.tasks``
     Task the function became, which a paused run enqueues again (None: a
-    paused run waits in the worker).
+    paused run waits in the worker). ``rate`` and ``rate_key``: as for the
+    Celery ``fenced_task``; a run over the rate is enqueued again to run after
+    the limiter's countdown (or waits it out in the worker where it cannot be).
     """
     if not (isinstance(lock, str) or callable(lock)):
         raise InvalidInput("fenced(lock=...) must be a key template or a callable")
@@ -95,6 +101,8 @@ def fenced(
         check_template(lock, func, bound=takes_context)
         signature = _key_signature(func, takes_context)
         name = f"{func.__module__}.{func.__qualname__}"
+        checked_rate = check_rate(rate, rate_key, signature, "fenced")
+        jobs.declare_task(name, parameters_of(signature))
 
         def execution(args: tuple[Any, ...], kwargs: dict[str, Any], kind: type[_E]) -> _E:
             key_args = args[1:] if takes_context else args
@@ -104,24 +112,28 @@ def fenced(
                 key, holder=holder_name(name, task_id, attempt), ttl=ttl, wait=wait,
                 keepalive=keepalive, using=using, task=func, label=f"{func.__qualname__}[{task_id}]",
                 name=name, task_id=task_id, attempt=attempt,
+                arguments=call_arguments(signature, key_args, kwargs), rate=checked_rate,
+                rate_key=rate_key,
             )
 
         def deferrer(
             key: str, args: tuple[Any, ...], kwargs: dict[str, Any]
-        ) -> Callable[[float], Any] | None:
+        ) -> Callable[..., Any] | None:
             """Enqueue the run again with ``run_after``, or None where the backend cannot."""
             task = registered() if registered is not None else None
             if task is None or not getattr(task.get_backend(), "supports_defer", False):
                 return None
 
-            def defer(countdown: float) -> Any:
+            def defer(countdown: float, why: str = "paused") -> Any:
                 again = task.using(
                     run_after=timezone.now() + dt.timedelta(seconds=countdown)
                 ).enqueue(*(args[1:] if takes_context else args), **kwargs)
-                return deferred(
-                    key, f"paused by its job policy; enqueued again as {again.id}, "
-                    f"to run in {countdown:g} s",
+                reason = "over its rate limit" if why == "rate_limited" else "paused by its job policy"
+                result = deferred(
+                    key, f"{reason}; enqueued again as {again.id}, to run in {countdown:g} s",
                 )
+                result["reason"] = why
+                return result
 
             return defer
 
@@ -161,13 +173,16 @@ def fenced_task(
     keepalive: bool = True,
     takes_context: bool = False,
     using: str | None = None,
+    rate: Any = None,
+    rate_key: str = "",
     **task_options: Any,
 ) -> Callable[[Callable[..., Any]], Any]:
     """Declare a ``django.tasks`` task whose every run holds a new grant of ``lock``.
 
     ``lock``, ``ttl``, ``wait``, ``keepalive``: as for the Celery ``fenced_task``.
     ``on_busy``: ``"raise"`` (default; the task fails with ``LockHeld``) or
-    ``"skip"``. Other keyword arguments (``priority``, ``queue_name``,
+    ``"skip"``. ``rate``, ``rate_key``: as for the Celery ``fenced_task``
+    (``rate="10/m"``). Other keyword arguments (``priority``, ``queue_name``,
     ``backend``) go to ``django.tasks.task``. Raises ``ImproperlyConfigured`` on
     a Django without ``django.tasks``.
     """
@@ -184,6 +199,7 @@ def fenced_task(
         wrap = fenced(
             lock=lock, ttl=ttl, wait=wait, on_busy=on_busy, keepalive=keepalive,
             takes_context=takes_context, using=using, registered=lambda: made[0] if made else None,
+            rate=rate, rate_key=rate_key,
         )
         made.append(register(takes_context=takes_context, **task_options)(wrap(func)))
         return made[0]

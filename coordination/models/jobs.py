@@ -17,7 +17,6 @@ from ..keys import (
     KEY_MAX_LENGTH,
     KEY_PATTERN,
 )
-
 from .ratelimits import template_fields
 
 if TYPE_CHECKING:
