@@ -69,11 +69,11 @@ class Migration(migrations.Migration):
         ),
         migrations.AddConstraint(
             model_name='jobpolicy',
-            constraint=models.CheckConstraint(condition=models.Q(models.Q(('rate_key', ''), ('rate_limit__isnull', True), ('rate_period__isnull', True)), models.Q(('rate_limit__gte', 1), ('rate_limit__lte', 100000), ('rate_period__gte', 0.1), ('rate_period__lte', 86400.0)), _connector='OR'), name='coordination_jobpolicy_rate', violation_error_message='a rate limit is from 1 to 100000 starts per 0.1 to 86400 seconds; a rate key needs a limit.'),
+            constraint=models.CheckConstraint(condition=models.Q(models.Q(('rate_key', ''), ('rate_limit__isnull', True), ('rate_period__isnull', True)), models.Q(('rate_limit__gte', 1), ('rate_limit__isnull', False), ('rate_limit__lte', 100000), ('rate_period__gte', 0.1), ('rate_period__isnull', False), ('rate_period__lte', 86400.0)), _connector='OR'), name='coordination_jobpolicy_rate', violation_error_message='a rate limit is from 1 to 100000 starts per 0.1 to 86400 seconds; a rate key needs a limit.'),
         ),
         migrations.AddConstraint(
             model_name='jobpolicy',
-            constraint=models.CheckConstraint(condition=models.Q(models.Q(('cap_key', ''), ('key_cap__isnull', True)), models.Q(('key_cap__gte', 1), ('key_cap__lte', 1000), models.Q(('cap_key', ''), _negated=True)), _connector='OR'), name='coordination_jobpolicy_key_cap', violation_error_message='a cap per key is from 1 to 1000 and needs a cap key, or both are empty.'),
+            constraint=models.CheckConstraint(condition=models.Q(models.Q(('cap_key', ''), ('key_cap__isnull', True)), models.Q(('key_cap__gte', 1), ('key_cap__isnull', False), ('key_cap__lte', 1000), models.Q(('cap_key', ''), _negated=True)), _connector='OR'), name='coordination_jobpolicy_key_cap', violation_error_message='a cap per key is from 1 to 1000 and needs a cap key, or both are empty.'),
         ),
         migrations.AddField(
             model_name='ratestart',

@@ -161,15 +161,16 @@ class JobPolicy(models.Model):
             ),
             models.CheckConstraint(
                 condition=Q(rate_limit__isnull=True, rate_period__isnull=True, rate_key="")
-                | Q(rate_limit__gte=1, rate_limit__lte=RATE_LIMIT_MAX,
-                    rate_period__gte=RATE_PERIOD_MIN, rate_period__lte=RATE_PERIOD_MAX),
+                | Q(rate_limit__isnull=False, rate_limit__gte=1, rate_limit__lte=RATE_LIMIT_MAX,
+                    rate_period__isnull=False, rate_period__gte=RATE_PERIOD_MIN,
+                    rate_period__lte=RATE_PERIOD_MAX),
                 name="coordination_jobpolicy_rate",
                 violation_error_message=_("a rate limit is from 1 to 100000 starts per 0.1 to "
                                           "86400 seconds; a rate key needs a limit."),
             ),
             models.CheckConstraint(
                 condition=Q(key_cap__isnull=True, cap_key="")
-                | (Q(key_cap__gte=1, key_cap__lte=1000) & ~Q(cap_key="")),
+                | (Q(key_cap__isnull=False, key_cap__gte=1, key_cap__lte=1000) & ~Q(cap_key="")),
                 name="coordination_jobpolicy_key_cap",
                 violation_error_message=_("a cap per key is from 1 to 1000 and needs a cap key, "
                                           "or both are empty."),
