@@ -113,6 +113,8 @@ class _Limits:
     rate_key: str = ""
     #: With a cap per key: its permit.
     cap_permit: Lease | None = None
+    #: Under a rate: the database time this execution's start was logged at.
+    rate_started_at: Any = None
 
     def _render(self, template: str, what: str) -> str:
         return render_template(template, self.arguments or {}, what=what) if template else ""
@@ -139,6 +141,7 @@ class _Limits:
         bucket, rate = found
         decision = take_start(bucket, rate, task=self.name or "", using=self.using)
         if decision.granted:
+            self.rate_started_at = decision.at
             return None
         return RateLimited(bucket, rate, decision.countdown)
 

@@ -245,3 +245,45 @@ def _in_thread(task: Any, *args: Any) -> Any:
         return task(*args)
     finally:
         connections.close_all()
+
+
+# --- the django.tasks twin ----------------------------------------------------------
+
+try:
+    from django.tasks import task_backends
+except ImportError:  # Django 5.2: no django.tasks
+    HAS_DJANGO_TASKS = False
+else:
+    HAS_DJANGO_TASKS = True
+
+needs_django_tasks = pytest.mark.skipif(not HAS_DJANGO_TASKS, reason="django.tasks is Django 6.0+")
+
+if HAS_DJANGO_TASKS:
+    from coordination.contrib import tasks as contrib_tasks
+
+    @contrib_tasks.fenced_task(lock="twin:{customer}", ttl=5, rate="1/m", rate_key="{customer}")
+    def twin_limited(customer: str) -> str:
+        ran.append((customer, 0))
+        return customer
+
+
+@needs_django_tasks
+def test_the_django_tasks_twin_enqueues_a_run_over_the_rate_again_after_the_countdown(
+    settings: Any,
+) -> None:
+    settings.TASKS = {"default": {"BACKEND": "django.tasks.backends.dummy.DummyBackend"}}
+    assert twin_limited.call("a") == "a"
+
+    outcome = twin_limited.call("a")  # what the backend's worker does with a second message
+
+    assert outcome["coordination"] == "deferred" and outcome["reason"] == "rate_limited"
+    [again] = task_backends["default"].results
+    assert again.task.run_after is not None and again.args == ["a"]
+    assert twin_limited.call("b") == "b"  # another customer: its own count
+    assert ran == [("a", 0), ("b", 0)]
+
+
+@needs_django_tasks
+def test_a_twin_declaring_a_rate_key_it_cannot_render_is_refused() -> None:
+    with pytest.raises(InvalidInput, match="names"):
+        contrib_tasks.fenced(lock="x:{a}", rate="1/m", rate_key="{b}")(lambda a: a)

@@ -33,4 +33,6 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
-CELERY_IMPORTS = ["tests.support.celery_worker_tasks", "tests.support.job_policy_tasks"]
+CELERY_IMPORTS = [
+    "tests.support.celery_worker_tasks", "tests.support.job_policy_tasks", "tests.support.rate_limit_tasks",
+]
