@@ -12,6 +12,11 @@ task names, ``billing.*``) and overrides what its decorator fixed in code:
 - ``max_running``: each execution takes one of N fenced permits of the
   semaphore ``task:<name>`` (:mod:`coordination.semaphores`) beside its key's
   lock, so at most N bodies of the task run at once over all workers and keys.
+- ``rate_limit`` per ``rate_period`` over ``rate_key``: at most N starts in
+  any window of the period per rendered key, decided by the database
+  (:mod:`coordination.ratelimits`); executions over it are deferred.
+- ``key_cap`` over ``cap_key``: a fenced permit of the semaphore
+  :func:`cap_name` per rendered key, so at most N run at once per key.
 - ``ttl`` and ``on_busy``: the lease and the busy behaviour of its executions.
 
 Workers read the policies through a per-process cache refreshed every
