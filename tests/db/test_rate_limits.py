@@ -287,3 +287,21 @@ def test_the_django_tasks_twin_enqueues_a_run_over_the_rate_again_after_the_coun
 def test_a_twin_declaring_a_rate_key_it_cannot_render_is_refused() -> None:
     with pytest.raises(InvalidInput, match="names"):
         contrib_tasks.fenced(lock="x:{a}", rate="1/m", rate_key="{b}")(lambda a: a)
+
+
+if HAS_DJANGO_TASKS:
+
+    @contrib_tasks.fenced_task(lock="atwin:{customer}", ttl=5, rate="1/m", rate_key="{customer}")
+    async def async_limited(customer: str) -> str:
+        ran.append((customer, 1))
+        return customer
+
+
+@needs_django_tasks
+def test_an_async_twin_over_its_rate_is_enqueued_again_as_the_sync_one_is(settings: Any) -> None:
+    settings.TASKS = {"default": {"BACKEND": "django.tasks.backends.dummy.DummyBackend"}}
+    assert async_limited.call("a") == "a"
+    outcome = async_limited.call("a")
+    assert outcome["coordination"] == "deferred" and outcome["reason"] == "rate_limited"
+    assert ran == [("a", 1)]
+    assert locks.acquire("atwin:a", holder="next", ttl=5).token == 3  # both runs released the key
