@@ -12,6 +12,11 @@ task names, ``billing.*``) and overrides what its decorator fixed in code:
 - ``max_running``: each execution takes one of N fenced permits of the
   semaphore ``task:<name>`` (:mod:`coordination.semaphores`) beside its key's
   lock, so at most N bodies of the task run at once over all workers and keys.
+- ``rate_limit`` per ``rate_period`` over ``rate_key``: at most N starts in
+  any window of the period per rendered key, decided by the database
+  (:mod:`coordination.ratelimits`); executions over it are deferred.
+- ``key_cap`` over ``cap_key``: a fenced permit of the semaphore
+  :func:`cap_name` per rendered key, so at most N run at once per key.
 - ``ttl`` and ``on_busy``: the lease and the busy behaviour of its executions.
 
 Workers read the policies through a per-process cache refreshed every
@@ -43,6 +48,7 @@ from django.db.models import F, OuterRef, Subquery
 
 from . import locks
 from .conf import app_settings
+from .exceptions import InvalidInput
 from .logfields import LogFields
 from .models import (
     TASK_PATTERN_WILDCARD,
@@ -54,11 +60,14 @@ from .models import (
     JobTally,
     ReportedTask,
     WhenPaused,
+    template_fields,
+    validate_key,
 )
 
 __all__ = [
-    "Policy", "Running", "clear_cache", "executions_of", "known_tasks", "pause", "permit_name",
-    "policy_for", "record_execution", "report_tasks", "resume", "running", "tally", "unknown_task",
+    "Policy", "Running", "cap_name", "clear_cache", "declare_task", "executions_of", "known_tasks",
+    "pause", "permit_name", "policy_for", "rate_bucket", "record_execution", "report_tasks",
+    "resume", "running", "tally", "template_refusal", "unknown_task",
 ]
 
 logger = logging.getLogger("coordination.tasks")
@@ -76,6 +85,11 @@ class Policy:
     max_running: int | None = None
     ttl: float | None = None
     on_busy: str = ""
+    rate_limit: int | None = None
+    rate_period: float | None = None
+    rate_key: str = ""
+    key_cap: int | None = None
+    cap_key: str = ""
 
     @classmethod
     def of(cls, row: JobPolicy) -> Policy:
@@ -83,6 +97,9 @@ class Policy:
             task=row.task, paused=row.paused, when_paused=row.when_paused,
             defer_seconds=float(row.defer_seconds), max_running=row.max_running,
             ttl=None if row.ttl is None else float(row.ttl), on_busy=row.on_busy,
+            rate_limit=row.rate_limit,
+            rate_period=None if row.rate_period is None else float(row.rate_period),
+            rate_key=row.rate_key, key_cap=row.key_cap, cap_key=row.cap_key,
         )
 
 
@@ -149,6 +166,59 @@ def permit_name(task: str) -> str:
     """The semaphore whose permits cap the running executions of ``task``:
     ``task:<name>`` (its slots are the lock keys ``task:<name>@1`` ...)."""
     return f"task:{task}"
+
+
+def rate_bucket(scope: str, rendered: str) -> str:
+    """The rate key counted for a start: the policy's task (or pattern), or the
+    task's name for the decorator's ``rate``, and the rendered ``rate_key``. A
+    pattern's executions share one count per rendered key (``billing.*``: ten
+    starts per customer over every billing task)."""
+    return f"{scope}|{rendered}"
+
+
+def cap_name(scope: str, rendered: str) -> str:
+    """The semaphore whose permits cap a policy's executions per key:
+    ``cap:<task or pattern's beginning>:<rendered cap_key>`` (slots ``...@1``)."""
+    return validate_key(f"cap:{scope.removesuffix(TASK_PATTERN_WILDCARD)}:{rendered}", what="cap key")
+
+
+#: The fenced tasks declared in this process and their parameter names (None: any).
+_declared: dict[str, list[str] | None] = {}
+
+
+def declare_task(name: str, parameters: list[str] | None) -> None:
+    """Note that this process declared fenced task ``name`` taking ``parameters``
+    (None: any name, ``**kwargs``): what :func:`report_tasks` tells the site and
+    :func:`template_refusal` checks a policy's templates against."""
+    _declared[name] = parameters
+
+
+def template_refusal(task: str, template: str, *, using: str | None = None) -> str | None:
+    """Why the key template ``template`` of a policy for ``task`` (a name or a
+    pattern) cannot be rendered for some task it applies to: a field the task does
+    not take (its parameters as declared here or reported by a worker); None if
+    every known task takes every field, or its parameters are unknown."""
+    try:
+        fields = template_fields(template)
+    except InvalidInput as error:
+        return str(error)
+    alias = using or app_settings.DATABASE
+    known: dict[str, list[str] | None] = dict(
+        ReportedTask.objects.using(alias).values_list("task", "parameters")
+    )
+    known.update(_declared)
+    prefix = task.removesuffix(TASK_PATTERN_WILDCARD)
+    pattern = task.endswith(TASK_PATTERN_WILDCARD)
+    for name, parameters in sorted(known.items()):
+        if parameters is None or not (name.startswith(prefix) if pattern else name == task):
+            continue
+        for field in fields:
+            if field not in parameters:
+                return (
+                    f"{{{field}}} is not an argument of task {name} "
+                    f"(it takes {', '.join(parameters) or 'none'})"
+                )
+    return None
 
 
 def tally(task: str, outcome: JobOutcome | str, *, using: str | None = None) -> None:
@@ -311,13 +381,17 @@ def resume(task: str, *, by: str = "", via: str = "code") -> JobPolicy | None:
 
 
 def report_tasks(names: list[str], *, using: str | None = None) -> None:
-    """Record that a worker runs the fenced tasks ``names`` (called when it starts).
+    """Record that a worker runs the fenced tasks ``names`` (called when it starts),
+    with the parameters of those declared in this process (:func:`declare_task`).
     Never raises: a worker is not stopped over this bookkeeping."""
     alias = using or app_settings.DATABASE
     try:
         rows = ReportedTask.objects.using(alias)
         rows.bulk_create([ReportedTask(task=name) for name in names], ignore_conflicts=True)
         rows.filter(task__in=names).update(reported_at=DatabaseNow())
+        for name in names:
+            if name in _declared:
+                rows.filter(task=name).update(parameters=_declared[name])
     except DatabaseError as error:
         logger.warning("could not record the worker's fenced tasks %s", LogFields(error=str(error)))
 

@@ -133,6 +133,18 @@ def _count_rejected(sender: object, rejection: Rejection | None = None, **kwargs
     FENCED_WRITES.labels(outcome=reason).inc()
 
 
+RATE_LIMITED = Counter(
+    "coordination_rate_limited_starts",
+    "Fenced executions over their rate limit, deferred by the countdown the limiter computed.",
+    ["task"],
+)
+
+
+@receiver(signals.task_rate_limited, dispatch_uid="coordination.metrics.rate_limited")
+def _count_rate_limited(sender: object, task: str | None = None, **kwargs: Any) -> None:
+    RATE_LIMITED.labels(task=task or "").inc()
+
+
 def _observe_lease(start: object, end: object) -> None:
     if isinstance(start, dt.datetime) and isinstance(end, dt.datetime) and end >= start:
         LEASE_DURATION.observe((end - start).total_seconds())

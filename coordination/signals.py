@@ -19,6 +19,9 @@ The grant point's signals keep ``sender=Grant``.
   task did not run its body: ``reason`` is ``"lock_held"``, ``"superseded"``, ``"paused"``
   or ``"completed"``, a ``once`` task id whose body completed before, or ``"duplicate"``, a
   unique job's key held by another execution)
+- ``task_rate_limited(sender=execution class, task=..., key=..., countdown=...)`` (a
+  fenced execution over its rate limit, deferred by ``countdown`` seconds; ``key`` is
+  the rate key counted)
 - ``lock_renewed(sender=Grant, grant=lease)`` (renew moved ``grant.expires_at``)
 - ``lock_expired(sender=Grant, key=..., token=..., holder=..., acquired_at=..., expired_at=...)``
   (a lease ran out and was recorded as expired: by a late release, or by the next
@@ -40,5 +43,6 @@ lock_lost = Signal(use_caching=True)
 write_accepted = Signal(use_caching=True)
 write_rejected = Signal()
 task_skipped = Signal()
+task_rate_limited = Signal()
 lock_renewed = Signal(use_caching=True)
 lock_expired = Signal(use_caching=True)

@@ -41,7 +41,10 @@ class JobPolicyForm(forms.ModelForm):  # type: ignore[type-arg]
 
     class Meta:
         model = JobPolicy
-        fields = ["task", "paused", "when_paused", "defer_seconds", "max_running", "ttl", "on_busy", "note"]
+        fields = [
+            "task", "paused", "when_paused", "defer_seconds", "max_running", "ttl", "on_busy",
+            "rate_limit", "rate_period", "rate_key", "key_cap", "cap_key", "note",
+        ]
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}
@@ -54,6 +57,10 @@ class JobPolicyForm(forms.ModelForm):  # type: ignore[type-arg]
             if refusal is not None:
                 self.add_error("task", _("%(why)s. Check the name, or tick “Ahead of a deploy” to "
                                          "save it for a task not deployed yet.") % {"why": refusal})
+        for field in ("rate_key", "cap_key"):
+            template = cleaned.get(field)
+            if task and template and (why := jobs.template_refusal(task, template)) is not None:
+                self.add_error(field, why)
         return cleaned
 
     def clean_task(self) -> str:
@@ -155,7 +162,8 @@ class JobPolicyAdmin(OperatorActionsMixin, admin.ModelAdmin):  # type: ignore[ty
 
     form = JobPolicyForm
     list_display = [
-        "task", "paused", "when_paused", "max_running", "ttl", "on_busy", "running_now", "updated_at",
+        "task", "paused", "when_paused", "max_running", "ttl", "on_busy", "rate_limit", "key_cap",
+        "running_now", "updated_at",
     ]
     list_filter = ["paused", "when_paused"]
     search_fields = ["task", "note"]

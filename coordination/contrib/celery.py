@@ -17,15 +17,17 @@ refuses it. See ``docs/celery.md`` for the options and what fencing does not do.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable
 from typing import Any, Concatenate, Literal, NoReturn, ParamSpec, TypeVar, cast, overload
 
-from celery import Task, shared_task
+from celery import Task, current_app, shared_task
 from celery._state import _task_stack  # type: ignore[attr-defined]
 from celery.exceptions import Retry
 from celery.signals import worker_init, worker_ready
 from celery.utils import uuid
+from celery.utils.imports import gen_task_name
 
 from .. import jobs, locks, signals
 from .. import unique as unique_claims
@@ -53,6 +55,7 @@ from .execution import (
     skipped,
     validate_on_busy,
 )
+from .execution_limits import call_arguments, check_rate, parameters_of
 from .lock_keys import check_template
 from .unique import UniqueFor, UniqueGate, UniqueSpec, unique_spec
 
@@ -99,6 +102,8 @@ class FencedTask(Task[_P, _R]):
     fenced_concurrency: int | None = None
     fenced_once: bool = False
     fenced_unique: UniqueSpec | None = None
+    fenced_rate: Any = None
+    fenced_rate_key: str = ""
 
     throws = REFUSALS
     """Refused late writes are what a fencing token is for: Celery logs them as
@@ -208,6 +213,9 @@ class FencedTask(Task[_P, _R]):
             task_id=request.id,
             attempt=request.retries + 1,
             once=self.fenced_once,
+            arguments=call_arguments(inspect.signature(self.run), args, kwargs),
+            rate=self.fenced_rate,
+            rate_key=self.fenced_rate_key,
         )
         body: Callable[[], Any] = lambda: self.run(*args, **kwargs)  # noqa: E731
         if self.fenced_once_per_slot:
@@ -224,7 +232,7 @@ class FencedTask(Task[_P, _R]):
             # Called directly or eagerly there is no message to send again: a
             # paused task then waits in the caller until resumed.
             defer=None if request.called_directly or request.is_eager
-            else lambda countdown: self._defer(args, kwargs, countdown),
+            else lambda countdown, why="paused": self._defer(args, kwargs, countdown, why),
             unique=self._unique_gate(args, kwargs),
         )
 
@@ -239,8 +247,11 @@ class FencedTask(Task[_P, _R]):
             label=f"{self.name}[{request.id}]", task=self, sender=type(self), retrying=(Retry,),
         ).steps
 
-    def _defer(self, args: tuple[Any, ...], kwargs: dict[str, Any], countdown: float) -> NoReturn:
-        """Send this message again in ``countdown`` seconds, paused by its job policy.
+    def _defer(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], countdown: float, why: str = "paused"
+    ) -> NoReturn:
+        """Send this message again in ``countdown`` seconds: paused by its job policy,
+        or over its rate limit (``why="rate_limited"``).
 
         The copy keeps the task id, the retry count and the headers (a
         supersede number, a beat slot), so a deferral never spends
@@ -250,8 +261,9 @@ class FencedTask(Task[_P, _R]):
         """
         signature = self.signature_from_request(self.request, args, kwargs, countdown=countdown)
         signature.apply_async()
+        reason = "over its rate limit" if why == "rate_limited" else "paused by its job policy"
         raise Retry(
-            f"deferred: paused by its job policy; asks again in {countdown:g} s",
+            f"deferred: {reason}; asks again in {countdown:g} s",
             when=cast(Any, countdown), sig=signature,
         )
 
@@ -325,6 +337,8 @@ def fenced_task(
     once: bool = False,
     unique: LockSpec | None = None,
     unique_for: UniqueFor = "succeeded",
+    rate: Any = None,
+    rate_key: str = "",
     app: Any = None,
     bind: Literal[False] = False,
     **options: Any,
@@ -345,6 +359,8 @@ def fenced_task(
     once: bool = False,
     unique: LockSpec | None = None,
     unique_for: UniqueFor = "succeeded",
+    rate: Any = None,
+    rate_key: str = "",
     app: Any = None,
     bind: Literal[True],
     **options: Any,
@@ -365,6 +381,8 @@ def fenced_task(
     once: bool = False,
     unique: LockSpec | None = None,
     unique_for: UniqueFor = "succeeded",
+    rate: Any = None,
+    rate_key: str = "",
     app: Any = None,
     bind: bool = False,
     **options: Any,
@@ -425,6 +443,16 @@ def fenced_task(
       the database and its clock (:mod:`coordination.unique`): a killed
       worker's claim ends with its lease, a lost message's after
       ``COORDINATION["UNIQUE_QUEUED_FOR"]`` seconds.
+    - ``rate``: at most this many executions start per period over every worker
+      (``"10/m"``, ``"100/h"``, ``"10/30s"``: units as Django REST framework's
+      throttle rates), per ``rate_key``: a template over the task's arguments
+      (``"{customer_id}"``; default: one count for the task). Decided by the
+      database (:mod:`coordination.ratelimits`): no window of the period holds
+      more starts. An execution over it gives its lock back and is deferred by
+      the countdown the limiter computed (a copy of the message, as a paused
+      task's; never lost, never spending ``max_retries``). Not Celery's
+      ``rate_limit``, which each worker counts alone. A job policy's
+      ``rate_limit`` replaces it.
     - ``app``: register on this Celery app (default: ``shared_task``).
 
     Other keyword arguments are Celery task options (``bind``, ``acks_late``,
@@ -459,12 +487,20 @@ def fenced_task(
         fenced_once_per_slot=once_per_slot,
         fenced_concurrency=concurrency,
         fenced_once=bool(once),
+        fenced_rate_key=rate_key,
     )
     register = shared_task if app is None else app.task
 
     def decorate(func: Callable[..., Any]) -> Any:
         check_template(lock, func, bound=bind)
         spec = unique_spec(unique, unique_for, func, bound=bind)
+        signature = inspect.signature(func)
+        if bind:
+            signature = signature.replace(parameters=list(signature.parameters.values())[1:])
+        options["fenced_rate"] = check_rate(rate, rate_key, signature, "fenced_task")
+        # The name Celery gives it, without evaluating a shared task's proxy.
+        name = options.get("name") or gen_task_name(app or current_app, func.__name__, func.__module__)
+        jobs.declare_task(name, parameters_of(signature))
         return register(bind=bind, fenced_unique=spec, **options)(func)
 
     return decorate

@@ -22,8 +22,9 @@ task bodies through :class:`FencedExecution`, so both behave the same way:
   (the integration's own retry, after the holder's remaining lease);
 - the task's job policy (:mod:`coordination.jobs`), read at each execution,
   applies the same way: a paused task defers (the integration's ``defer``) or
-  skips, ``max_running`` takes a fenced permit beside the key's lock, and
-  ``ttl`` and ``on_busy`` overrides replace the decorator's.
+  skips, ``max_running`` and ``key_cap`` take fenced permits beside the key's
+  lock, a rate limit defers the executions over it, and ``ttl`` and
+  ``on_busy`` overrides replace the decorator's (:mod:`.execution_limits`).
 """
 
 from __future__ import annotations
@@ -32,26 +33,26 @@ import asyncio
 import contextvars
 import logging
 import os
-import random
 import socket
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager
-from typing import Any, Literal, Required, TypedDict, TypeVar, Unpack, cast, get_args
+from typing import Any, Required, TypedDict, TypeVar, Unpack, cast
 
 from .. import aio, jobs, locks, signals
 from ..conf import app_settings
 from ..exceptions import InvalidInput, LockHeld
-from ..holders import task_holder
 from ..keepalive import AsyncKeepAlive, KeepAlive
 from ..leases import Lease
 from ..logfields import LogFields
-from ..models import HOLDER_MAX_LENGTH, JobOutcome, WhenPaused
+from ..models import JobOutcome, WhenPaused
 from ..semaphores import aacquire_permit, acquire_permit, permit_keys
 from . import execution_steps as steps
+from .execution_limits import RateLimited, _Limits
 from .lock_keys import LockSpec, lock_key_for, resolve_lock_key
 from .once import Found, completed, finished, once_key, run_once
 from .release import release_quietly
+from .skipped import OnBusy, Skipped, deferred, holder_name, retry_countdown, skipped, validate_on_busy
 
 __all__ = [
     "AsyncFencedExecution",
@@ -72,41 +73,8 @@ __all__ = [
 
 logger = logging.getLogger("coordination.tasks")
 
-OnBusy = Literal["retry", "skip", "raise"]
-
 _T = TypeVar("_T")
 _R = TypeVar("_R")
-
-
-def holder_name(task_name: str, task_id: str | None, attempt: int) -> str:
-    """Who holds a task's lock: host, process, task and attempt, at most 200 characters.
-
-    The task id alone is not a holder identity (retries and redeliveries share
-    it); the attempt number and process tell the executions apart in the admin.
-    """
-    return task_holder(task_name, task_id, attempt, max_length=HOLDER_MAX_LENGTH)
-
-
-class Skipped(dict[str, Any]):
-    """The result of an execution that did not run its body: skipped or superseded.
-
-    A dict (JSON-serialisable for any result backend) with ``coordination`` set to
-    ``"skipped"``, ``reason`` (``"lock_held"``, ``"superseded"``, ``"paused"`` or ``"duplicate"``),
-    ``key`` and ``detail`` (a duplicate's also ``existing``, the holder's id):
-    never mistaken for a silent success. An execution
-    deferred by a paused policy where the integration sends a new message
-    (``django.tasks``) has ``coordination`` set to ``"deferred"``.
-    """
-
-
-def skipped(reason: str, key: str, detail: str) -> Skipped:
-    return Skipped(coordination="skipped", reason=reason, key=key, detail=detail)
-
-
-def deferred(key: str, detail: str) -> Skipped:
-    return Skipped(coordination="deferred", reason="paused", key=key, detail=detail)
-
-
 
 
 class _ExecutionOptions(TypedDict, total=False):
@@ -122,9 +90,12 @@ class _ExecutionOptions(TypedDict, total=False):
     task_id: str | None
     attempt: int
     once: bool
+    arguments: Any
+    rate: Any
+    rate_key: str
 
 
-class _Execution:
+class _Execution(_Limits):
     """What both kinds of execution are given: the key, who holds it, for how long,
     how long to wait for it, and the grant once there is one."""
 
@@ -144,6 +115,9 @@ class _Execution:
         task_id: str | None = None,
         attempt: int = 1,
         once: bool = False,
+        arguments: Any = None,
+        rate: Any = None,
+        rate_key: str = "",
     ) -> None:
         if concurrency is not None:
             permit_keys(key, concurrency)  # InvalidInput for a bad limit, before any grant
@@ -163,6 +137,8 @@ class _Execution:
         self.attempt = attempt
         #: With ``once``: the record of this task id's completed body (None: no record).
         self.once_key = once_key(name or self.label, task_id) if once and task_id else None
+        #: The call's arguments by name, and the decorator's rate (see _Limits).
+        self.arguments, self.rate, self.rate_key = arguments, rate, rate_key
         self.policy: jobs.Policy | None = None
         #: With a policy's ``max_running``: the cap and the execution's permit.
         self.max_running: int | None = None
@@ -236,6 +212,7 @@ class _Machine(_Execution):
         super().__init__(key, **options)
         self._keeper: Any = None
         self._permit_keeper: Any = None
+        self._cap_keeper: Any = None
         self._ended = False
 
     def _steps(
@@ -245,7 +222,7 @@ class _Machine(_Execution):
         retry: Callable[[LockHeld, float], Any] | None,
         superseded: Callable[[], Skipped | None] | None,
         sender: Any,
-        defer: Callable[[float], Any] | None,
+        defer: Callable[..., Any] | None,
         unique: Callable[[Lease], steps.Steps[Any]] | None = None,
     ) -> steps.Steps[Any]:
         once = self.once_key
@@ -268,10 +245,18 @@ class _Machine(_Execution):
         if superseded is not None and (passed := (yield steps.Call(superseded))) is not None:
             yield steps.Call(self._tally, (JobOutcome.SKIPPED,))
             return passed
-        try:
-            grant = yield from self._acquire_steps()
-        except LockHeld as held:
-            return (yield steps.Call(self._busy, (held, on_busy, retry, sender)))
+        while True:
+            try:
+                grant = yield from self._acquire_steps()
+            except LockHeld as held:
+                return (yield steps.Call(self._busy, (held, on_busy, retry, sender)))
+            except RateLimited as limited:
+                yield steps.Call(self._defer_rate, (limited,))
+                if defer is not None:
+                    return (yield steps.Call(defer, (limited.countdown, "rate_limited")))
+                yield steps.Sleep(limited.countdown)  # no way to send it again: it waits here
+                continue
+            break
         try:
             yield from self._keepalive_steps(grant)
             if superseded is not None and (passed := (yield steps.Call(superseded))) is not None:
@@ -305,6 +290,7 @@ class _Machine(_Execution):
                 finally:
                     yield steps.Release(grant)
                 raise
+        yield from self._limit_steps(grant)
         self.grant = grant
         yield steps.Call(self._record)
         return grant
@@ -318,6 +304,8 @@ class _Machine(_Execution):
             # The permit's loss (revoked, or expired in a pause) marks the key's
             # grant lost too: the body's later fenced writes are refused.
             self._permit_keeper = yield steps.StartKeepAlive(self.permit, grant)
+        if self.cap_permit is not None:
+            self._cap_keeper = yield steps.StartKeepAlive(self.cap_permit, grant)
 
     def _end_steps(self) -> steps.Steps[None]:
         """Once: stop the keep-alives (so they cannot renew, and fail on, a released
@@ -326,15 +314,16 @@ class _Machine(_Execution):
             return
         self._ended = True
         try:
-            for keeper in (self._keeper, self._permit_keeper):
+            for keeper in (self._keeper, self._permit_keeper, self._cap_keeper):
                 if keeper is not None:
                     yield steps.StopKeepAlive(keeper)
         finally:
             try:
                 yield steps.Release(self.grant)
             finally:
-                if self.permit is not None:
-                    yield steps.Release(self.permit)
+                for permit in (self.permit, self.cap_permit):
+                    if permit is not None:
+                        yield steps.Release(permit)
 
     def _acquire_lease(self, key: str, limit: int | None) -> Lease:
         if limit is None:
@@ -454,7 +443,7 @@ class FencedExecution(_Machine):
         retry: Callable[[LockHeld, float], Any] | None = None,
         superseded: Callable[[], Skipped | None] | None = None,
         sender: Any = None,
-        defer: Callable[[float], Any] | None = None,
+        defer: Callable[..., Any] | None = None,
         unique: Callable[[Lease], steps.Steps[Any]] | None = None,
     ) -> _T | Skipped:
         """Run ``body`` under a new grant; the outcome is the body's.
@@ -475,6 +464,10 @@ class FencedExecution(_Machine):
           remaining lease (database time) plus jitter.
         - ``unique(grant)``: the steps run instead of the body step alone (a
           unique task's claim, :class:`~coordination.contrib.unique.UniqueGate`).
+        - Over a rate limit (the policy's or the decorator's ``rate``), after the
+          grant and permits were taken and given back: ``defer(countdown,
+          "rate_limited")`` with the limiter's countdown; without ``defer`` it
+          waits that long here and asks again.
         """
         self._body = body
         plan = self._steps(
@@ -533,7 +526,7 @@ class AsyncFencedExecution(_Machine):
         *,
         on_busy: OnBusy = "raise",
         sender: Any = None,
-        defer: Callable[[float], Any] | None = None,
+        defer: Callable[..., Any] | None = None,
         unique: Callable[[Lease], steps.Steps[Any]] | None = None,
     ) -> _T | Skipped:
         """Await ``body`` under a new grant; ``on_busy`` is ``"raise"`` or ``"skip"``.
@@ -580,17 +573,3 @@ _current_execution: contextvars.ContextVar[FencedExecution | None] = contextvars
 def current_execution() -> FencedExecution | None:
     """The fenced execution whose body is running in this context, if any."""
     return _current_execution.get()
-
-
-def retry_countdown(held: LockHeld) -> float:
-    """Seconds before retrying a busy lock: the holder's own remaining lease
-    (database time), plus jitter so that tasks waiting for the same key do not
-    all come back at once."""
-    return held.retry_after + random.uniform(0.05, 0.05 + min(1.0, 0.25 * held.retry_after))
-
-
-def validate_on_busy(on_busy: object, choices: Sequence[str] = get_args(OnBusy)) -> OnBusy:
-    """``on_busy`` if it is one of ``choices``, else ``InvalidInput``."""
-    if on_busy not in choices:
-        raise InvalidInput(f"on_busy must be one of {', '.join(map(repr, choices))}, not {on_busy!r}")
-    return cast(OnBusy, on_busy)

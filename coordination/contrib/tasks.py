@@ -49,6 +49,7 @@ from typing import Any, TypeVar
 from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 
+from .. import jobs
 from ..exceptions import InvalidInput
 from .execution import (
     AsyncFencedExecution,
@@ -59,6 +60,7 @@ from .execution import (
     resolve_lock_key,
     validate_on_busy,
 )
+from .execution_limits import call_arguments, check_rate, parameters_of
 from .lock_keys import check_template
 from .unique import UniqueFor, UniqueGate, UniqueSpec, unique_spec
 from .unique_tasks import enqueue_unique, with_context_parameter
@@ -82,6 +84,8 @@ def fenced(
     once: bool = False,
     unique: UniqueSpec | None = None,
     hide_context: bool = False,
+    rate: Any = None,
+    rate_key: str = "",
 ) -> Callable[[_F], _F]:
     """Wrap a task function so that each call runs under a new grant of ``lock``.
 
@@ -96,7 +100,9 @@ def fenced(
     function (a transaction cannot span the awaits of an ``async def`` body).
     ``unique``: the task's uniqueness, checked
     when a run starts (it needs the run's id: the context). ``hide_context``:
-    the wrapper takes the context first, the function does not.
+    the wrapper takes the context first, the function does not. ``rate`` and ``rate_key``: as for the
+    Celery ``fenced_task``; a run over the rate is enqueued again to run after
+    the limiter's countdown (or waits it out in the worker where it cannot be).
     """
     if not (isinstance(lock, str) or callable(lock)):
         raise InvalidInput("fenced(lock=...) must be a key template or a callable")
@@ -111,6 +117,8 @@ def fenced(
             )
         signature = _key_signature(func, takes_context and not hide_context)
         name = f"{func.__module__}.{func.__qualname__}"
+        checked_rate = check_rate(rate, rate_key, signature, "fenced")
+        jobs.declare_task(name, parameters_of(signature))
 
         def call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             return func(*(args[1:] if hide_context else args), **kwargs)
@@ -133,24 +141,28 @@ def fenced(
                 key, holder=holder_name(name, task_id, attempt), ttl=ttl, wait=wait,
                 keepalive=keepalive, using=using, task=func, label=f"{func.__qualname__}[{task_id}]",
                 name=name, task_id=task_id, attempt=attempt, once=once,
+                arguments=call_arguments(signature, key_args, kwargs), rate=checked_rate,
+                rate_key=rate_key,
             )
 
         def deferrer(
             key: str, args: tuple[Any, ...], kwargs: dict[str, Any]
-        ) -> Callable[[float], Any] | None:
+        ) -> Callable[..., Any] | None:
             """Enqueue the run again with ``run_after``, or None where the backend cannot."""
             task = registered() if registered is not None else None
             if task is None or not getattr(task.get_backend(), "supports_defer", False):
                 return None
 
-            def defer(countdown: float) -> Any:
+            def defer(countdown: float, why: str = "paused") -> Any:
                 again = task.using(
                     run_after=timezone.now() + dt.timedelta(seconds=countdown)
                 ).enqueue(*(args[1:] if takes_context else args), **kwargs)
-                return deferred(
-                    key, f"paused by its job policy; enqueued again as {again.id}, "
-                    f"to run in {countdown:g} s",
+                reason = "over its rate limit" if why == "rate_limited" else "paused by its job policy"
+                result = deferred(
+                    key, f"{reason}; enqueued again as {again.id}, to run in {countdown:g} s",
                 )
+                result["reason"] = why
+                return result
 
             return defer
 
@@ -197,6 +209,8 @@ def fenced_task(
     once: bool = False,
     unique: LockSpec | None = None,
     unique_for: UniqueFor = "succeeded",
+    rate: Any = None,
+    rate_key: str = "",
     **task_options: Any,
 ) -> Callable[[Callable[..., Any]], Any]:
     """Declare a ``django.tasks`` task whose every run holds a new grant of ``lock``.
@@ -205,7 +219,8 @@ def fenced_task(
     ``on_busy``: ``"raise"`` (default; the task fails with ``LockHeld``) or
     ``"skip"``. ``once``: a run whose body completed is not run again (as for
     the Celery ``fenced_task``: opt-in, the body is one database transaction);
-    it needs ``takes_context=True``. Other keyword arguments (``priority``, ``queue_name``,
+    it needs ``takes_context=True``. ``rate``, ``rate_key``: as for the Celery
+    ``fenced_task`` (``rate="10/m"``). Other keyword arguments (``priority``, ``queue_name``,
     ``backend``) go to ``django.tasks.task``. Raises ``ImproperlyConfigured`` on
     a Django without ``django.tasks``.
 
@@ -236,6 +251,7 @@ def fenced_task(
             lock=lock, ttl=ttl, wait=wait, on_busy=on_busy, keepalive=keepalive,
             takes_context=context, using=using, registered=lambda: made[0] if made else None,
             unique=spec, hide_context=context and not takes_context, once=once,
+            rate=rate, rate_key=rate_key,
         )
         made.append(register(takes_context=context, **task_options)(wrap(func)))
         if spec is not None:

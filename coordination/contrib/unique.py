@@ -20,8 +20,8 @@ from ..leases import Lease
 from ..logfields import LogFields
 from ..models import JobOutcome, UniqueScope
 from . import execution_steps as steps
-from .execution import Skipped
 from .lock_keys import LockSpec, check_template, lock_key_for
+from .skipped import Skipped
 
 __all__ = ["UniqueFor", "UniqueGate", "UniqueSpec", "unique_spec"]
 

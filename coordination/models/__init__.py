@@ -12,7 +12,8 @@ in the transaction that raises the token floor above its counter.
   tombstones, unfenced saves, documents;
 - :mod:`.access`: access rules; :mod:`.election`: roles and beat slots;
 - :mod:`.jobs`: job policies, their changes, tallies, executions and unique-job claims;
-- :mod:`.outbox`: external calls recorded under a fence, sent by the relay.
+- :mod:`.outbox`: external calls recorded under a fence, sent by the relay;
+- :mod:`.ratelimits`: rate keys and their logs of starts.
 
 Every name is importable from here (``from coordination.models import Lock``);
 the rules of keys and holders are :mod:`coordination.keys`'.
@@ -74,6 +75,9 @@ from .grants import (
     TokenFloorQuerySet,
 )
 from .jobs import (
+    RATE_LIMIT_MAX,
+    RATE_PERIOD_MAX,
+    RATE_PERIOD_MIN,
     TASK_PATTERN_WILDCARD,
     TASK_RULE,
     Execution,
@@ -94,6 +98,12 @@ from .outbox import (
     OutboxCall,
     OutboxState,
 )
+from .ratelimits import (
+    RateBucket,
+    RateStart,
+    render_template,
+    template_fields,
+)
 
 __all__ = [
     "HOLDER_MAX_LENGTH",
@@ -103,6 +113,9 @@ __all__ = [
     "MAX_TOKEN",
     "PATTERN_RULE",
     "PATTERN_WILDCARD",
+    "RATE_LIMIT_MAX",
+    "RATE_PERIOD_MAX",
+    "RATE_PERIOD_MIN",
     "TASK_PATTERN_WILDCARD",
     "TASK_RULE",
     "AcceptedWrite",
@@ -128,6 +141,8 @@ __all__ = [
     "LockState",
     "OutboxCall",
     "OutboxState",
+    "RateBucket",
+    "RateStart",
     "Rejection",
     "RejectionReason",
     "ReportedTask",
@@ -143,7 +158,9 @@ __all__ = [
     "hash_lease_id",
     "key_matches",
     "lease_matches",
+    "render_template",
     "slot_identity",
+    "template_fields",
     "validate_holder",
     "validate_key",
     "validate_key_pattern",

@@ -17,10 +17,15 @@ from ..keys import (
     KEY_MAX_LENGTH,
     KEY_PATTERN,
 )
+from .ratelimits import template_fields
 
 if TYPE_CHECKING:
     pass
 
+
+RATE_LIMIT_MAX = 100_000
+RATE_PERIOD_MIN = 0.1
+RATE_PERIOD_MAX = 86_400.0
 
 TASK_PATTERN_WILDCARD = "*"
 TASK_RULE = (
@@ -107,6 +112,29 @@ class JobPolicy(models.Model):
         help_text=_("What an execution does when its lock (or every permit) is held, "
                     "instead of the decorator's. Empty: the decorator's."),
     )
+    rate_limit = models.PositiveIntegerField(
+        null=True, blank=True,
+        help_text=_("At most this many executions start in any window of the rate period, over "
+                    "all workers, per rate key (deferred past it, never lost). Empty: no limit."),
+    )
+    rate_period = models.FloatField(
+        null=True, blank=True, help_text=_("The rate limit's period in seconds (60: per minute)."),
+    )
+    rate_key = models.CharField(
+        max_length=KEY_MAX_LENGTH, blank=True, default="", db_default="",
+        help_text=_("What the rate limit counts per: a template over the task's arguments "
+                    "({customer_id}). Empty: one limit for all of the policy's executions."),
+    )
+    key_cap = models.PositiveIntegerField(
+        null=True, blank=True,
+        help_text=_("At most this many executions at once per cap key, each holding a fenced "
+                    "permit. Empty: no cap per key."),
+    )
+    cap_key = models.CharField(
+        max_length=KEY_MAX_LENGTH, blank=True, default="", db_default="",
+        help_text=_("What the cap counts per: a template over the task's arguments "
+                    "({customer_id}); needed with a cap per key."),
+    )
     note = models.CharField(max_length=200, blank=True, default="", db_default="")
     updated_at = models.DateTimeField(db_default=Now(), auto_now=True)
 
@@ -130,6 +158,22 @@ class JobPolicy(models.Model):
                 condition=Q(defer_seconds__gte=0.1, defer_seconds__lte=3600),
                 name="coordination_jobpolicy_defer_seconds",
                 violation_error_message=_("the defer countdown is from 0.1 to 3600 seconds."),
+            ),
+            models.CheckConstraint(
+                condition=Q(rate_limit__isnull=True, rate_period__isnull=True, rate_key="")
+                | Q(rate_limit__isnull=False, rate_limit__gte=1, rate_limit__lte=RATE_LIMIT_MAX,
+                    rate_period__isnull=False, rate_period__gte=RATE_PERIOD_MIN,
+                    rate_period__lte=RATE_PERIOD_MAX),
+                name="coordination_jobpolicy_rate",
+                violation_error_message=_("a rate limit is from 1 to 100000 starts per 0.1 to "
+                                          "86400 seconds; a rate key needs a limit."),
+            ),
+            models.CheckConstraint(
+                condition=Q(key_cap__isnull=True, cap_key="")
+                | (Q(key_cap__isnull=False, key_cap__gte=1, key_cap__lte=1000) & ~Q(cap_key="")),
+                name="coordination_jobpolicy_key_cap",
+                violation_error_message=_("a cap per key is from 1 to 1000 and needs a cap key, "
+                                          "or both are empty."),
             ),
         ]
 
@@ -175,7 +219,23 @@ class JobPolicy(models.Model):
             "task": self.task, "paused": self.paused, "when_paused": self.when_paused,
             "defer_seconds": self.defer_seconds, "max_running": self.max_running,
             "ttl": self.ttl, "on_busy": self.on_busy, "note": self.note,
+            "rate_limit": self.rate_limit, "rate_period": self.rate_period, "rate_key": self.rate_key,
+            "key_cap": self.key_cap, "cap_key": self.cap_key,
         }
+
+    def clean(self) -> None:
+        """The key templates parse and name fields (which arguments the task takes is
+        the forms' check: :func:`coordination.jobs.template_refusal`)."""
+        errors = {}
+        for name in ("rate_key", "cap_key"):
+            value = getattr(self, name)
+            try:
+                if value:
+                    template_fields(value)
+            except InvalidInput as error:
+                errors[name] = ValidationError(str(error), code="invalid")
+        if errors:
+            raise ValidationError(errors)
 
 
 class JobPolicyChange(models.Model):
@@ -284,6 +344,9 @@ class ReportedTask(models.Model):
 
     task = models.CharField(max_length=255, unique=True)
     reported_at = models.DateTimeField(db_default=Now())
+    #: The names of the task's parameters (the key templates of its policies may
+    #: name them); None: not reported, or it takes ``**kwargs`` (any name).
+    parameters = models.JSONField(null=True, blank=True)
 
     class Meta:
         ordering = ["task"]

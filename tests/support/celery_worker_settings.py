@@ -36,4 +36,5 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_IMPORTS = [
     "tests.support.celery_worker_tasks", "tests.support.job_policy_tasks", "tests.support.once_tasks",
     "tests.support.unique_tasks",
+    "tests.support.rate_limit_tasks",
 ]

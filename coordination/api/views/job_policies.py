@@ -23,7 +23,15 @@ from ... import access, jobs
 from ...conf import app_settings
 from ...dashboard import registered_fenced_tasks
 from ...exceptions import InvalidInput
-from ...models import KEY_MAX_LENGTH, JobPolicy, WhenPaused, validate_task_pattern
+from ...models import (
+    KEY_MAX_LENGTH,
+    RATE_LIMIT_MAX,
+    RATE_PERIOD_MAX,
+    RATE_PERIOD_MIN,
+    JobPolicy,
+    WhenPaused,
+    validate_task_pattern,
+)
 from ..serializers import StrictCharField, StrictIntegerField, StrictSecondsField, StrictSerializer
 from .base import CoordinationListView, CoordinationView, error_responses, operation, validated
 
@@ -49,7 +57,7 @@ class JobPolicySerializer(serializers.ModelSerializer[JobPolicy]):
         model = JobPolicy
         fields = [
             "task", "paused", "when_paused", "defer_seconds", "max_running", "ttl", "on_busy",
-            "note", "updated_at",
+            "rate_limit", "rate_period", "rate_key", "key_cap", "cap_key", "note", "updated_at",
         ]
 
 
@@ -73,6 +81,30 @@ class JobPolicyWrite(StrictSerializer):
     on_busy = serializers.ChoiceField(
         choices=["", "retry", "skip", "raise"], required=False,
         help_text="Overrides the decorator's on_busy; empty: the decorator's.",
+    )
+    rate_limit = StrictIntegerField(
+        required=False, allow_null=True, min_value=1, max_value=RATE_LIMIT_MAX,
+        help_text="At most this many starts in any window of `rate_period`, per `rate_key`, over "
+                  "every worker; null: no limit (then `rate_period` null and `rate_key` empty).",
+    )
+    rate_period = StrictSecondsField(
+        required=False, allow_null=True, min_value=RATE_PERIOD_MIN, max_value=RATE_PERIOD_MAX,
+        help_text="The rate limit's period, seconds (60: per minute); set with `rate_limit`.",
+    )
+    rate_key = StrictCharField(
+        required=False, allow_blank=True, max_length=KEY_MAX_LENGTH,
+        help_text="Template over the task's arguments the limit counts per (`{customer_id}`); "
+                  "empty: one count for the policy.",
+    )
+    key_cap = StrictIntegerField(
+        required=False, allow_null=True, min_value=1, max_value=1000,
+        help_text="At most this many executions at once per `cap_key`, each holding a fenced "
+                  "permit; null: no cap per key.",
+    )
+    cap_key = StrictCharField(
+        required=False, allow_blank=True, max_length=KEY_MAX_LENGTH,
+        help_text="Template over the task's arguments the cap counts per (`{customer_id}`); "
+                  "needed with `key_cap`.",
     )
     note = StrictCharField(required=False, allow_blank=True, max_length=200)
     ahead_of_deploy = StrictBooleanField(
@@ -100,6 +132,31 @@ def _refuse_unknown(task: str) -> None:
             {"task": [f"{refusal}; send \"ahead_of_deploy\": true to create it before the task is deployed"]},
             code="invalid",
         )
+
+
+def _check_limits(policy: JobPolicy) -> None:
+    """The rate and cap fields of the policy as saved go together, and their
+    templates name only arguments of the tasks the policy applies to (400
+    ``invalid``, naming the field), before the database's own checks would."""
+    errors: dict[str, list[str]] = {}
+    if (policy.rate_limit is None) != (policy.rate_period is None):
+        errors["rate_period" if policy.rate_period is None else "rate_limit"] = [
+            "rate_limit and rate_period are set together (or both null)."
+        ]
+    if policy.rate_key and policy.rate_limit is None:
+        errors["rate_key"] = ["a rate key needs a rate_limit."]
+    if (policy.key_cap is None) != (not policy.cap_key):
+        errors["cap_key" if policy.key_cap is not None else "key_cap"] = [
+            "key_cap and cap_key are set together (or both empty)."
+        ]
+    for field in ("rate_key", "cap_key"):
+        template = getattr(policy, field)
+        if field not in errors and template:
+            why = jobs.template_refusal(policy.task, template)
+            if why is not None:
+                errors[field] = [why]
+    if errors:
+        raise serializers.ValidationError(errors, code="invalid")
 
 
 def _path_task(task: str) -> str:
@@ -210,6 +267,7 @@ class JobPolicyDetailView(CoordinationView):
             body.pop("ahead_of_deploy", None)
             for name, value in body.items():
                 setattr(policy, name, value)
+            _check_limits(policy)
             policy.save(changed_by=request.user.get_username(), via="api")
         return Response(
             JobPolicySerializer(policy).data,
