@@ -39,7 +39,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("fences", ("coordination.fenced", "coordination.fencing", "coordination.stores")),
     ("operations", ("coordination.election", "coordination.restore", "coordination.pruning",
                     "coordination.testing", "coordination.documents", "coordination.http",
-                    "coordination.jobs")),
+                    "coordination.jobs", "coordination.stranded")),
     ("jobs", ("coordination.contrib",)),
     ("surfaces", ("coordination.api", "coordination.dashboard", "coordination.admin",
                   "coordination.checks", "coordination.management", "coordination.migrations",
