@@ -131,6 +131,22 @@ class Cleared:
     permit_token: int | None = None
     permit_raised: int = 0
 
+    @property
+    def summary(self) -> str:
+        """What was done, as the audit trail records it."""
+        execution = self.execution
+        permit = (
+            f"; its permit {execution.permit} fenced at token {self.permit_token}"
+            if self.permit_token is not None else ""
+        )
+        return (
+            f"Cleared the stranded execution {execution.task}[{execution.task_id}]"
+            f"#{execution.attempt} of {execution.worker or 'an unknown worker'} (token "
+            f"{execution.token}, lease expired {execution.expired_at.isoformat()}): its lease "
+            f"ended and {self.raised} watermark(s) raised to token {self.token}, so token "
+            f"{execution.token} can no longer write{permit}."
+        )
+
 
 def clear(execution: Stranded, *, by: str, using: str | None = None) -> Cleared | None:
     """End ``execution``'s dead lease and fence its token out (see the module's

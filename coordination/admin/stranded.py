@@ -34,18 +34,8 @@ def _clear(request: HttpRequest, execution: Stranded) -> Done | None:
         return None
     if cleared is None:
         return None
-    permit = (
-        f"; its permit {execution.permit} fenced at token {cleared.permit_token}"
-        if cleared.permit_token is not None else ""
-    )
-    entry = (
-        f"Cleared the stranded execution {execution.task}[{execution.task_id}]#{execution.attempt} "
-        f"of {execution.worker or 'an unknown worker'} (token {execution.token}, lease expired "
-        f"{execution.expired_at.isoformat()}): its lease ended and {cleared.raised} watermark(s) "
-        f"raised to token {cleared.token}, so token {execution.token} can no longer write{permit}."
-    )
     lock = Lock.objects.filter(key=execution.key).first()
-    return Done(lock, entry, 1)
+    return Done(lock, cleared.summary, 1)
 
 
 def _report(chosen: Sequence[Any], results: Sequence[Done | None]) -> Iterable[tuple[str, int]]:

@@ -24,6 +24,7 @@ from coordination.leases import Lease
 from coordination.models import AccessRule, Fence, Grant, GrantEnd, Lock
 from coordination.semaphores import acquire_permit
 from project.demo.models import Account
+from tests.support.api_support import client_for, make_user
 from tests.support.factories import AccountFactory
 from tests.support.waiting import wait_until_database_time_passes
 
@@ -246,3 +247,54 @@ def test_the_gauge_counts_stranded_executions(client: Client) -> None:
     text = client.get("/metrics").content.decode()
     assert "coordination_jobs_rate_limited_total" in text
     assert "coordination_jobs_deduplicated_total" in text
+
+
+# --- REST ----------------------------------------------------------------------------
+
+
+def test_rest_lists_and_clears_with_the_permissions_and_rules_of_a_revoke() -> None:
+    dead = lost_execution("tenant-a:2", task="tenant-a.sync")
+    lost_execution("tenant-b:2", task="tenant-b.sync")
+    listing_user = make_user("view_grant")
+    AccessRule.objects.create(user=listing_user, pattern="*", read=True)
+    listing = client_for(listing_user)
+    clearing_user = make_user("view_grant", "revoke_lock")
+    for pattern in ("task:tenant-a.*", "tenant-a:*"):
+        AccessRule.objects.create(user=clearing_user, pattern=pattern, read=True, revoke=True)
+    clearing = client_for(clearing_user)
+
+    everything = listing.get("/api/executions/stranded/")
+    assert everything.status_code == 200
+    assert [row["key"] for row in everything.json()] == ["tenant-a:2", "tenant-b:2"]
+    (mine,) = clearing.get("/api/executions/stranded/").json()
+    assert (mine["task"], mine["token"], mine["worker"]) == ("tenant-a.sync", dead.token, "worker-host:4242")
+    assert mine["last_renewal"] is not None
+    other = next(row["id"] for row in everything.json() if row["key"] == "tenant-b:2")
+
+    assert client_for(make_user()).get("/api/executions/stranded/").status_code == 403
+    refused = listing.post(f"/api/executions/stranded/{mine['id']}/clear")
+    assert (refused.status_code, refused.json()["code"]) == (403, "permission_denied")
+    hidden = clearing.post(f"/api/executions/stranded/{other}/clear")
+    assert (hidden.status_code, hidden.json()["code"]) == (404, "not_found")
+
+    done = clearing.post(f"/api/executions/stranded/{mine['id']}/clear")
+
+    assert done.status_code == 200, done.content
+    assert done.json()["token"] == dead.token + 1
+    again = clearing.post(f"/api/executions/stranded/{mine['id']}/clear")
+    assert (again.status_code, again.json()["code"]) == (404, "not_found")
+    entry = LogEntry.objects.get()
+    assert entry.user == clearing_user and "(REST)" in entry.get_change_message()
+    assert stranded.count() == 1
+
+
+def test_rest_says_409_lock_held_while_a_lock_delay_keeps_the_key_ungrantable() -> None:
+    grant = locks.acquire("account:20", holder="w", ttl=TTL, lock_delay=60)
+    jobs.record_execution(TASK, grant, task_id="d", attempt=1, worker="w:1")
+    wait_until_database_time_passes(grant.expires_at)
+    (found,) = stranded.stranded_executions()
+
+    refused = client_for(make_user("revoke_lock")).post(f"/api/executions/stranded/{found.pk}/clear")
+
+    assert (refused.status_code, refused.json()["code"]) == (409, "lock_held")
+    assert stranded.count() == 1
