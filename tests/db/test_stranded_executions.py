@@ -265,11 +265,11 @@ def test_rest_lists_and_clears_with_the_permissions_and_rules_of_a_revoke() -> N
 
     everything = listing.get("/api/executions/stranded/")
     assert everything.status_code == 200
-    assert [row["key"] for row in everything.json()] == ["tenant-a:2", "tenant-b:2"]
-    (mine,) = clearing.get("/api/executions/stranded/").json()
+    assert [row["key"] for row in everything.json()["results"]] == ["tenant-a:2", "tenant-b:2"]
+    (mine,) = clearing.get("/api/executions/stranded/").json()["results"]
     assert (mine["task"], mine["token"], mine["worker"]) == ("tenant-a.sync", dead.token, "worker-host:4242")
     assert mine["last_renewal"] is not None
-    other = next(row["id"] for row in everything.json() if row["key"] == "tenant-b:2")
+    other = next(row["id"] for row in everything.json()["results"] if row["key"] == "tenant-b:2")
 
     assert client_for(make_user()).get("/api/executions/stranded/").status_code == 403
     refused = listing.post(f"/api/executions/stranded/{mine['id']}/clear")

@@ -22,7 +22,7 @@ from rest_framework.response import Response
 from ... import access, jobs
 from ...models import Lock
 from ...stranded import Stranded, clear, stranded_executions
-from .base import CoordinationView, error_responses, non_atomic, operation
+from .base import CoordinationListView, CoordinationView, error_responses, non_atomic, operation
 
 ID_PARAMETER = OpenApiParameter(
     "id", {"type": "integer", "minimum": 1, "maximum": 2**63 - 1}, OpenApiParameter.PATH,
@@ -58,23 +58,26 @@ def _keys(execution: Stranded) -> list[str]:
 
 
 @extend_schema(tags=["jobs"])
-class StrandedListView(CoordinationView):
+class StrandedListView(CoordinationListView):
     """The executions whose lease expired without a release and whose key nobody
-    has taken since (their worker was lost), oldest first, at most 200."""
+    has taken since (their worker was lost), oldest first, at most 1000."""
 
+    serializer_class = StrandedSerializer
     required_permissions = {"GET": "coordination.view_grant"}
+
+    def get_queryset(self) -> Any:
+        rules = access.for_request(self.request)
+        return [
+            execution for execution in stranded_executions(limit=1000)
+            if all(rules.allows("read", key) for key in _keys(execution))
+        ]
 
     @operation(
         operation_id="stranded_executions_list",
         responses={200: StrandedSerializer(many=True), **error_responses(404)},
     )
-    def get(self, request: Request) -> Response:
-        rules = access.for_request(request)
-        found = [
-            execution for execution in stranded_executions()
-            if all(rules.allows("read", key) for key in _keys(execution))
-        ]
-        return Response(StrandedSerializer(found, many=True).data)
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().get(request, *args, **kwargs)
 
 
 @non_atomic
