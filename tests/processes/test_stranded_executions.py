@@ -1,9 +1,9 @@
-"""A real worker SIGKILLed mid-task (all its processes, as an OOM kill of its
-container does) leaves its execution stranded: listed on the jobs page once its
-lease has expired by the database clock, not before, with the worker's host and
-process and the last renewal its keep-alive made. The operator's clear ends the
-dead lease and raises the key's watermarks, so a write under the dead token is
-refused as stale."""
+"""A real prefork worker SIGKILLed mid-task (all its processes, as an OOM kill of
+its container does), on Redis and on the embedded default, leaves its execution
+stranded: listed on the jobs page once its lease has expired by the database
+clock, not before, with the worker's host and process and the last renewal its
+keep-alive made. The operator's clear ends the dead lease and raises the key's
+watermarks, so a write under the dead token is refused as stale."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.db import connection
 from django.test import Client
 from django.urls import reverse
 
@@ -39,17 +40,30 @@ from tests.support.factories import AccountFactory
 from tests.support.waiting import wait_for, wait_until_database_time_passes
 
 pytestmark = [
-    pytest.mark.legs("pg", reason="a real worker on a Redis broker, killed mid-task"),
+    pytest.mark.legs(
+        "pg", "sqlite",
+        reason="a real prefork worker killed mid-task, on Redis (PostgreSQL) and on the "
+        "embedded default (SQLite and the filesystem broker)",
+    ),
     pytest.mark.django_db(transaction=True),
 ]
 
 
 @pytest.fixture
+def embedded() -> bool:
+    """The embedded default: SQLite, and Celery's filesystem broker under var/."""
+    return connection.vendor == "sqlite"
+
+
+@pytest.fixture
 def worker(
-    django_db_blocker: Any, broker: RedisBroker, tmp_path_factory: pytest.TempPathFactory,
+    django_db_blocker: Any, embedded: bool, request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Worker]:
+    broker = None if embedded else request.getfixturevalue("broker")
     started = start_worker(
         "stranded", unique("stranded"), tmp_path_factory.mktemp("stranded-logs"), broker=broker,
+        pool="prefork", concurrency=1,
     )
     try:
         wait_ready([started])
@@ -61,17 +75,19 @@ def worker(
 
 
 def test_a_sigkilled_worker_leaves_a_stranded_execution_the_operator_fences_out(
-    worker: Worker, broker: RedisBroker, tmp_path: Path
+    worker: Worker, embedded: bool, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
     account = AccountFactory(balance=Decimal("100.00"))
     key = f"account:{account.pk}"
     report, pause = tmp_path / "events.jsonl", tmp_path / "pause"
     pause.touch()
-    with broker.connection() as conn:
-        tasks.deposit.apply_async(
-            (account.pk, "7"), {"report": str(report), "pause_once": str(pause)},
-            queue=worker.queue, connection=conn,
-        )
+    arguments = {"report": str(report), "pause_once": str(pause)}
+    if embedded:
+        tasks.deposit.apply_async((account.pk, "7"), arguments, queue=worker.queue)
+    else:
+        broker: RedisBroker = request.getfixturevalue("broker")
+        with broker.connection() as conn:
+            tasks.deposit.apply_async((account.pk, "7"), arguments, queue=worker.queue, connection=conn)
     started = wait_for_event(report, lambda e: e["event"] == "acquired", workers=[worker])
     granted_at = Grant.objects.get(lock__key=key, token=started["token"]).acquired_at
     # Let the keep-alive renew at least once (every ttl/3) before the kill.
