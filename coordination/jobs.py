@@ -274,6 +274,7 @@ def record_execution(
             lock_key=grant.key, token=grant.token,
             permit_key=permit.key if permit is not None else "",
             permit_token=permit.token if permit is not None else None,
+            ttl=(grant.expires_at - grant.acquired_at).total_seconds(),
         )
     except Exception as error:
         logger.warning(

@@ -38,9 +38,17 @@ from prometheus_client.registry import Collector
 
 from . import access, signals
 from .conf import app_settings
-from .models import DatabaseNow, GrantEnd, Lock, Rejection, RejectionReason, TokenFloor
+from .models import (
+    DatabaseNow,
+    Execution,
+    GrantEnd,
+    Lock,
+    Rejection,
+    RejectionReason,
+    TokenFloor,
+)
 
-__all__ = ["LockStateCollector", "metrics_view"]
+__all__ = ["LockStateCollector", "StrandedCollector", "metrics_view"]
 
 GRANTS = Counter("coordination_grants", "Leases granted: acquire() calls that returned a grant.")
 RENEWALS = Counter("coordination_renewals", "Leases extended by renew().")
@@ -67,6 +75,20 @@ LEASE_DURATION = Histogram(
     "coordination_lease_duration_seconds",
     "Database time from a grant to its release, revocation or expiry.",
     buckets=(0.01, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600, 4 * 3600, 24 * 3600),
+)
+
+# Counted by job coordination's grant-point checks where a start is decided:
+# executions deferred by a rate limit, and duplicates of a unique job (or of a
+# finished task id) that did not run their body. Declared here with the others,
+# so every process exports them, at 0 before the first one.
+JOBS_RATE_LIMITED = Counter(
+    "coordination_jobs_rate_limited",
+    "Executions of fenced tasks deferred by a rate limit instead of starting.",
+)
+JOBS_DEDUPLICATED = Counter(
+    "coordination_jobs_deduplicated",
+    "Executions of fenced tasks that did not run their body: a duplicate of a unique job "
+    "or of a task id whose body already completed.",
 )
 
 _ENDINGS: dict[str, Counter] = {
@@ -193,6 +215,23 @@ class LockStateCollector(Collector):
         )
 
 
+class StrandedCollector(Collector):
+    """Executions whose worker was lost: their lease expired without a release and
+    no worker has taken their key since (:mod:`coordination.stranded`)."""
+
+    def collect(self) -> Iterable[Metric]:
+        try:
+            count = Execution.objects.using(app_settings.DATABASE).stranded().count()
+        except DatabaseError:
+            return  # coordination_database_up says so
+        yield GaugeMetricFamily(
+            "coordination_jobs_stranded",
+            "Executions of fenced tasks whose lease expired without a release and whose key "
+            "nobody has taken since (the worker was lost), by the database clock.",
+            value=count,
+        )
+
+
 class _Scrape(Collector):
     """One scrape: this process's (or every process's) metrics, then the database gauges."""
 
@@ -202,6 +241,7 @@ class _Scrape(Collector):
     def collect(self) -> Iterable[Metric]:
         yield from self.source.collect()
         yield from LockStateCollector().collect()
+        yield from StrandedCollector().collect()
 
 
 def _source() -> CollectorRegistry:

@@ -26,6 +26,7 @@ from ..models import JobPolicy, validate_task_pattern
 from .actions import Done, OperatorAction, OperatorActionsMixin, operate
 from .base import has_perm, readable, require_rules
 from .pages import jobs_page
+from .stranded import clear_view
 
 
 class JobPolicyForm(forms.ModelForm):  # type: ignore[type-arg]
@@ -184,6 +185,8 @@ class JobPolicyAdmin(OperatorActionsMixin, admin.ModelAdmin):  # type: ignore[ty
         return [
             path("jobs/", view(self.jobs_view), name="coordination_jobs"),
             path("jobs/steer/", view(self.steer_view), name="coordination_jobs_steer"),
+            path("jobs/stranded/clear/", view(self.clear_stranded_view),
+                 name="coordination_jobs_clear_stranded"),
             *super().get_urls(),
         ]
 
@@ -280,6 +283,9 @@ class JobPolicyAdmin(OperatorActionsMixin, admin.ModelAdmin):  # type: ignore[ty
         # The task may be a pattern, or have no policy yet: run() reads only its name.
         operate(self, request, STEER[how], [JobPolicy(task=task)], confirmed=True)
         return HttpResponseRedirect(back)
+
+    def clear_stranded_view(self, request: HttpRequest) -> HttpResponse:
+        return clear_view(self, request)
 
     def jobs_view(self, request: HttpRequest) -> HttpResponse:
         return jobs_page(self, request, can_pause=self.has_pause_permission(request))

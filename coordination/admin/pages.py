@@ -74,5 +74,12 @@ def jobs_page(model_admin: admin.ModelAdmin, request: HttpRequest, *, can_pause:
         "refresh": _refresh(request),
         "show_grants": shown.grants,
         "policy_refresh": app_settings.JOB_POLICY_REFRESH,
+        "clearable": [
+            execution.pk for execution in data.stranded
+            if has_perm(request, "revoke_lock") and all(
+                rules.allows("revoke", key)
+                for key in (jobs.permit_name(execution.task), *execution.keys)
+            )
+        ],
     }
     return TemplateResponse(request, "coordination/admin/jobs.html", context)

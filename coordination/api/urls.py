@@ -28,6 +28,8 @@ urlpatterns = [
     path("rejections/", views.RejectionListView.as_view(), name="rejection-list"),
     path("job-policies/", views.JobPolicyListView.as_view(), name="job-policy-list"),
     path("job-policies/<str:task>", views.JobPolicyDetailView.as_view(), name="job-policy-detail"),
+    path("executions/stranded/", views.StrandedListView.as_view(), name="stranded-list"),
+    path("executions/stranded/<int:id>/clear", views.StrandedClearView.as_view(), name="stranded-clear"),
     path("schema/", SchemaView.as_view(), name="schema"),
     # The interactive docs are for people in a browser: log in first. Their JavaScript
     # and CSS come from drf-spectacular-sidecar (the [api-docs] extra), served locally.

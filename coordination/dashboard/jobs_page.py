@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .. import jobs
 from ..conf import app_settings
 from ..locks import database_now
 from ..models import JobOutcome, JobPolicy, JobTally, Rejection
+from ..stranded import Stranded, stranded_executions
 from .data import Shown
 from .queries import DAY
 
@@ -45,6 +46,8 @@ class Jobs:
     now: dt.datetime
     rows: list[JobRow]
     patterns: list[JobPolicy]
+    # Executions whose worker was lost, their lease expired and not released.
+    stranded: list[Stranded] = field(default_factory=list)
 
 
 def registered_fenced_tasks() -> list[str]:
@@ -113,4 +116,9 @@ def build_jobs(
     visible_patterns = [
         policy for policy in patterns if readable("read", jobs.permit_name(policy.task))
     ]
-    return Jobs(now=now, rows=rows, patterns=visible_patterns)
+    lost = [
+        execution for execution in stranded_executions(limit=limit, using=alias)
+        if readable("read", jobs.permit_name(execution.task))
+        and all(readable("read", key) for key in execution.keys)
+    ] if shown.grants else []
+    return Jobs(now=now, rows=rows, patterns=visible_patterns, stranded=lost)

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ValidationError
 from django.db import models, transaction
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
@@ -17,6 +17,7 @@ from ..keys import (
     KEY_MAX_LENGTH,
     KEY_PATTERN,
 )
+from .grants import DatabaseNow, Lock
 from .ratelimits import template_fields
 
 if TYPE_CHECKING:
@@ -306,6 +307,19 @@ class JobTally(models.Model):
         return f"{self.task} {self.outcome}: {self.count}"
 
 
+class ExecutionQuerySet(models.QuerySet["Execution"]):
+    def stranded(self) -> ExecutionQuerySet:
+        """Executions whose lease ran out without a release and that nobody has
+        taken over: their lock still names their grant (key and token) as its
+        lease, expired by the database clock. Their worker was lost (SIGKILL, an
+        OOM kill, a hard time limit, a machine gone); nothing will release them."""
+        expired = Lock.objects.filter(holder__gt="", expires_at__lte=DatabaseNow())
+        return self.filter(
+            Exists(expired.filter(key=OuterRef("lock_key"), token=OuterRef("token"))),
+            lock_key__in=expired.values("key"),
+        )
+
+
 class Execution(models.Model):
     """One execution of a fenced task, recorded by the task itself when its grant
     was taken: which task, which message and attempt, which worker, under which
@@ -325,6 +339,11 @@ class Execution(models.Model):
     permit_key = models.CharField(max_length=KEY_MAX_LENGTH, blank=True, default="")
     permit_token = models.BigIntegerField(null=True, blank=True)
     started_at = models.DateTimeField(db_default=Now())
+    # The lease's length when it was granted; the keep-alive renews to the same
+    # length, so a lease that ends at E was last renewed at E - ttl.
+    ttl = models.FloatField(null=True, blank=True)
+
+    objects = ExecutionQuerySet.as_manager()
 
     class Meta:
         ordering = ["started_at", "id"]

@@ -40,7 +40,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("fences", ("coordination.fenced", "coordination.fencing", "coordination.stores")),
     ("operations", ("coordination.election", "coordination.restore", "coordination.pruning",
                     "coordination.testing", "coordination.documents", "coordination.http",
-                    "coordination.jobs", "coordination.unique")),
+                    "coordination.jobs", "coordination.unique", "coordination.stranded")),
     ("jobs", ("coordination.contrib",)),
     ("surfaces", ("coordination.api", "coordination.dashboard", "coordination.admin",
                   "coordination.checks", "coordination.management", "coordination.migrations",

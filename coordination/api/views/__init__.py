@@ -1,5 +1,5 @@
 """REST views, one module per resource: ``locks``, ``lock_sets`` (lock sets and
-semaphore permits), ``fences``, ``documents``, ``rejections``, ``job_policies``,
+semaphore permits), ``fences``, ``documents``, ``rejections``, ``job_policies``, ``executions``,
 and ``fallback`` for any other path; ``base`` is what they share.
 
 The views are thin shells over :mod:`coordination.locks`,
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from .base import APIJSONRenderer, CoordinationListView, CoordinationView, Pagination, operation
 from .documents import FENCE_REFUSALS, IDEMPOTENCY_HEADER, IDEMPOTENCY_KEY_MAX_LENGTH, DocumentView
+from .executions import StrandedClearView, StrandedListView
 from .fallback import no_endpoint
 from .fences import FenceDetailView, FenceListView
 from .job_policies import JobPolicyDetailView, JobPolicyListView
@@ -42,6 +43,8 @@ __all__ = [
     "RejectionListView",
     "ReleaseView",
     "RenewView",
+    "StrandedClearView",
+    "StrandedListView",
     "no_endpoint",
     "operation",
 ]
