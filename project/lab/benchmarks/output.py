@@ -55,6 +55,11 @@ def table(results: dict[str, Any]) -> str:
                         for name in layers[1:]
                     )
                     lines.append(f"  {clients} clients: {steps}")
+            for row in cycles[workload].get("locks_site_logging", []):
+                lines.append(
+                    f"locks with the site's LOGGING x locks at WARNING, {row['clients']} clients: "
+                    f"{_ratio(row.get('ratio_to_locks'))}"
+                )
     statements = results.get("statements")
     if statements:
         lines.append("")
