@@ -62,11 +62,14 @@ class BenchConfig:
 def bench_models() -> list[type[models.Model]]:
     found: list[type[models.Model]] = [Lock, Grant, Ticket, TokenFloor]
     # Every table a fenced write or a fenced task may touch: a deleted account's
-    # tombstone, the task's job policy (read at each execution) and its tallies.
+    # tombstone, the task's job policy (read at each execution) and its tallies,
+    # the record of each execution (written after its acquire) and the worker's
+    # report of its fenced tasks.
     labels = (
         "coordination.AcceptedWrite", "coordination.Rejection", "coordination.Tombstone",
         "coordination.UnfencedSave", "coordination.JobPolicy", "coordination.JobPolicyChange",
-        "coordination.JobTally", "demo.Account",
+        "coordination.JobTally", "coordination.Execution", "coordination.ReportedTask",
+        "demo.Account",
     )
     for label in labels:
         with contextlib.suppress(LookupError):
