@@ -90,6 +90,7 @@ def test_quick_bench_writes_json_table_and_chart(tmp_path: Path) -> None:
             assert row["client_us"] > 0, name
             assert "server" in cpu or row["server_us"] is not None, name
         assert "CPU per cycle" in done.stdout
+        assert cpu["site_logging"]["client_us"] > 0 and cpu["site_logging"]["x_locks"] > 0
     else:
         assert "skipped" in cpu
     # Per statement where the server loads pg_stat_statements; else it says why not.

@@ -99,6 +99,12 @@ def table(results: dict[str, Any]) -> str:
                     f"{name:<20}{_us(row['client_us']):>10}{_us(row['server_us']):>10}"
                     f"{_us(row['total_us']):>10}{_ratio(row['implied_x_below']):>17}"
                 )
+            site = cpu.get("site_logging")
+            if site:
+                lines.append(
+                    f"locks with the site's LOGGING: client {_us(site['client_us'])} us, "
+                    f"x locks at WARNING {_ratio(site['x_locks'])}"
+                )
     fenced = results.get("fenced")
     if fenced:
         lines.append("")
