@@ -122,6 +122,14 @@ class Dialect(abc.ABC):
         ``unique`` field exists; the caller then locks the rows with
         ``select_for_update``."""
 
+    def insert_without_flush_wait(self, connection: BaseDatabaseWrapper, record: Model) -> None:
+        """Insert ``record`` (its database defaults filled by the server) in one
+        statement. In autocommit a database that can commits it without waiting
+        for its WAL flush: for bookkeeping a server crash may lose, never for what
+        a guarantee rests on. Inside the caller's transaction, a plain insert that
+        commits with it."""
+        record.save(using=connection.alias, force_insert=True)
+
     @abc.abstractmethod
     def codepoint_order(self, field: str) -> Any:
         """An expression ordering ``field`` by codepoint, as Python sorts strings."""

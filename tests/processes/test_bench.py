@@ -63,6 +63,11 @@ def test_quick_bench_writes_json_table_and_chart(tmp_path: Path) -> None:
             assert [row["clients"] for row in series] == [1, 2]
             assert all(set(row) >= ROW_FIELDS for row in series)
             assert sum(row["ops"] for row in series) > 0, f"{name} did no {workload} cycle"
+    # The library once more with the site's own LOGGING, against it at WARNING.
+    assert "locks_site_logging" in cycles["systems"]
+    for workload in ("many_keys", "hot_key"):
+        assert all(row["ratio_to_locks"] > 0 for row in cycles[workload]["locks_site_logging"])
+    assert "locks with the site's LOGGING x locks at WARNING" in done.stdout
     floor = cycles["many_keys"].get("raw_sql_floor")
     if postgres:
         assert floor is not None and all(row["ratio_to_floor"] == 1.0 for row in floor)
@@ -85,6 +90,7 @@ def test_quick_bench_writes_json_table_and_chart(tmp_path: Path) -> None:
             assert row["client_us"] > 0, name
             assert "server" in cpu or row["server_us"] is not None, name
         assert "CPU per cycle" in done.stdout
+        assert cpu["site_logging"]["client_us"] > 0 and cpu["site_logging"]["x_locks"] > 0
     else:
         assert "skipped" in cpu
     # Per statement where the server loads pg_stat_statements; else it says why not.
@@ -185,3 +191,21 @@ def test_sigterm_during_the_load_cancels_it_and_drops_the_schemas() -> None:
             ["%generate_series%"],
         )
         assert cursor.fetchone()[0] == 0  # the load was cancelled, not left running
+
+
+def test_site_logging_client_logs_as_the_site_configures() -> None:
+    """The bench's clients log at WARNING; the site-logging system undoes that and
+    logs as ``LOGGING`` says (before it existed, every client ran at WARNING)."""
+    import logging
+
+    from project.lab.benchmarks.systems import site_logging_config
+
+    logger = logging.getLogger("coordination")
+    before = logger.level
+    try:
+        logger.setLevel(logging.WARNING)
+        site_logging_config()
+        site_level = settings.LOGGING["loggers"]["coordination"]["level"]
+        assert logger.level == logging.getLevelName(site_level) != logging.WARNING
+    finally:
+        logger.setLevel(before)

@@ -11,6 +11,7 @@ from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import F, Model, QuerySet
 from django.db.models.functions import Collate
+from django.db.models.sql import InsertQuery
 
 from ...models import TokenFloor
 from ...watermarks import (
@@ -112,6 +113,23 @@ class PostgreSQLDialect(Dialect):
 
     def create_missing(self, rows: QuerySet[Any], new: list[Model], unique: str) -> None:
         rows.bulk_create(new, ignore_conflicts=True)  # ON CONFLICT DO NOTHING
+
+    def insert_without_flush_wait(self, connection: BaseDatabaseWrapper, record: Model) -> None:
+        if connection.in_atomic_block or not connection.get_autocommit():
+            super().insert_without_flush_wait(connection, record)
+            return
+        # One statement, its own transaction: set_config(..., true) applies to
+        # that transaction's commit only, as in coordination_release.
+        fields = [f for f in record._meta.concrete_fields if not f.primary_key]
+        query = InsertQuery(type(record))
+        query.insert_values(fields, [record])
+        with connection.cursor() as cursor:
+            for sql, params in query.get_compiler(connection=connection).as_sql():
+                cursor.execute(
+                    f"WITH inserted AS ({sql} RETURNING 1) "
+                    "SELECT set_config('synchronous_commit', 'off', true) FROM inserted",
+                    params,
+                )
 
     def codepoint_order(self, field: str) -> Any:
         # The "C" collation: the database's default may sort case and punctuation otherwise.

@@ -62,12 +62,14 @@ class BenchConfig:
 def bench_models() -> list[type[models.Model]]:
     found: list[type[models.Model]] = [Lock, Grant, Ticket, TokenFloor]
     # Every table a fenced write or a fenced task may touch: a deleted account's
-    # tombstone, the task's job policy (read at each execution), its tallies and
-    # the records of a ``once`` task.
+    # tombstone, the task's job policy (read at each execution) and its tallies,
+    # the record of each execution (written after its acquire), the records of a
+    # ``once`` task and the worker's report of its fenced tasks.
     labels = (
         "coordination.AcceptedWrite", "coordination.Rejection", "coordination.Tombstone",
         "coordination.UnfencedSave", "coordination.JobPolicy", "coordination.JobPolicyChange",
-        "coordination.JobTally", "coordination.IdempotencyRecord", "demo.Account",
+        "coordination.JobTally", "coordination.IdempotencyRecord", "coordination.Execution",
+        "coordination.ReportedTask", "demo.Account",
     )
     for label in labels:
         with contextlib.suppress(LookupError):

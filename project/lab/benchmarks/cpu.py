@@ -12,7 +12,13 @@ from typing import Any
 from django.db import connections
 
 from .common import BENCH_ALIAS, BenchConfig, Operation, _connect
-from .systems import _client_scopes, app_functions_client, floor_client, locks_client
+from .systems import (
+    _client_scopes,
+    app_functions_client,
+    floor_client,
+    locks_client,
+    site_logging_config,
+)
 
 
 def statements_suite(config: BenchConfig, alias: str, progress: Callable[[str], None]) -> dict[str, Any]:
@@ -101,6 +107,8 @@ def cpu_suite(config: BenchConfig, alias: str, progress: Callable[[str], None]) 
             ("floor_with_history", floor_client(False, history=True)),
             ("app_functions", app_functions_client(False)),
             ("locks", locks_client(False)),
+            # The same with the site's LOGGING: its level set around each of its blocks.
+            ("locks_site_logging", locks_client(False, site_logging=True)),
         )):
             before = _backend_pids(admin, application)
             cycle = factory(index)
@@ -109,17 +117,26 @@ def cpu_suite(config: BenchConfig, alias: str, progress: Callable[[str], None]) 
             new = _backend_pids(admin, application) - before
             cycles[name] = cycle
             server_pids[name] = next(iter(new)) if len(new) == 1 else None
+            logs.setLevel(logging.WARNING)
         readable = all(_server_cpu(pid) is not None for pid in server_pids.values())
         samples: dict[str, list[tuple[float, float | None]]] = {name: [] for name in cycles}
         for block in range(config.cpu_blocks):
             progress(f"cpu per cycle, block {block + 1} of {config.cpu_blocks}")
             for name, cycle in cycles.items():
                 pid = server_pids[name] if readable else None
+                if name in ("locks", "locks_site_logging"):
+                    # Both configured afresh before their blocks (a new
+                    # configuration costs the next cycles a little), then
+                    # the site's level for one, WARNING for the other.
+                    site_logging_config()
+                    if name == "locks":
+                        logs.setLevel(logging.WARNING)
                 server_before = _server_cpu(pid)
                 client_before = time.process_time()
                 for _ in range(config.cpu_cycles):
                     cycle()
                 client = time.process_time() - client_before
+                logs.setLevel(logging.WARNING)
                 server_after = _server_cpu(pid)
                 server = (
                     None if server_before is None or server_after is None
@@ -135,6 +152,7 @@ def cpu_suite(config: BenchConfig, alias: str, progress: Callable[[str], None]) 
         if not readable:
             results["server"] = "not read: the server's processes are not on this machine"
         below: float | None = None
+        site = samples.pop("locks_site_logging")
         for name, rows in samples.items():
             client_us = _median_of(row[0] for row in rows)
             server_us = _median_of(row[1] for row in rows)
@@ -147,6 +165,13 @@ def cpu_suite(config: BenchConfig, alias: str, progress: Callable[[str], None]) 
                 ),
             }
             below = total
+        # What the site's logging costs a cycle of the library's client.
+        site_us = _median_of(row[0] for row in site)
+        locks_us = results["layers"]["locks"]["client_us"]
+        results["site_logging"] = {
+            "client_us": site_us,
+            "x_locks": None if not site_us or not locks_us else round(site_us / locks_us, 3),
+        }
         return results
     finally:
         admin.close()

@@ -28,7 +28,11 @@ from .systems import (
 
 def cycle_suite(config: BenchConfig, vendor: str, progress: Callable[[str], None]) -> dict[str, Any]:
     """Acquire + release cycles over many keys and on one hot key, per system."""
-    systems: dict[str, Callable[[bool], ClientFactory]] = {"locks": locks_client}
+    systems: dict[str, Callable[[bool], ClientFactory]] = {
+        "locks": locks_client,
+        # The same, logging as the site's settings configure it (what a user gets).
+        "locks_site_logging": lambda hot: locks_client(hot, site_logging=True),
+    }
     skipped: dict[str, str] = {}
     if vendor == "postgresql":
         systems = {
@@ -110,6 +114,9 @@ def _cycle_workload(
                 below = LAYERS[LAYERS.index(name) - 1]
                 row["layer_below"] = below
                 row["ratio_to_layer_below"] = _ratio_of(runs[name], runs.get(below))
+            if name == "locks_site_logging":
+                # What the site's logging costs: within a round, against WARNING.
+                row["ratio_to_locks"] = _ratio_of(runs[name], runs.get("locks"))
             rows[name].append(row)
     return rows
 

@@ -55,6 +55,11 @@ def table(results: dict[str, Any]) -> str:
                         for name in layers[1:]
                     )
                     lines.append(f"  {clients} clients: {steps}")
+            for row in cycles[workload].get("locks_site_logging", []):
+                lines.append(
+                    f"locks with the site's LOGGING x locks at WARNING, {row['clients']} clients: "
+                    f"{_ratio(row.get('ratio_to_locks'))}"
+                )
     statements = results.get("statements")
     if statements:
         lines.append("")
@@ -93,6 +98,12 @@ def table(results: dict[str, Any]) -> str:
                 lines.append(
                     f"{name:<20}{_us(row['client_us']):>10}{_us(row['server_us']):>10}"
                     f"{_us(row['total_us']):>10}{_ratio(row['implied_x_below']):>17}"
+                )
+            site = cpu.get("site_logging")
+            if site:
+                lines.append(
+                    f"locks with the site's LOGGING: client {_us(site['client_us'])} us, "
+                    f"x locks at WARNING {_ratio(site['x_locks'])}"
                 )
     fenced = results.get("fenced")
     if fenced:

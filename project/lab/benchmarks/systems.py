@@ -20,9 +20,14 @@ from .common import BENCH_ALIAS, BENCH_SCHEMA, ClientFactory, Operation, _connec
 _client_scopes: list[Any] = []
 
 
-def locks_client(hot: bool, *, prepared: bool | None = None, grant_point: str | None = None) -> ClientFactory:
+def locks_client(
+    hot: bool, *, prepared: bool | None = None, grant_point: str | None = None,
+    site_logging: bool = False,
+) -> ClientFactory:
     """``locks.acquire`` + ``locks.release``; ``prepared`` overrides
-    ``COORDINATION["PREPARED_STATEMENTS"]`` (None: the app's default)."""
+    ``COORDINATION["PREPARED_STATEMENTS"]`` (None: the app's default).
+    ``site_logging``: the client logs as the site's ``LOGGING`` says (the
+    ``coordination`` logger at INFO, to the console), not at WARNING."""
     overrides: dict[str, Any] = {"GRANT_POINT": grant_point}
     if prepared is not None:
         overrides["PREPARED_STATEMENTS"] = prepared
@@ -33,6 +38,8 @@ def locks_client(hot: bool, *, prepared: bool | None = None, grant_point: str | 
         scope = bench_settings(BENCH_ALIAS, **overrides)
         scope.__enter__()
         _client_scopes.append(scope)
+        if site_logging:
+            site_logging_config()
         keys = ["bench-hot"] if hot else [f"bench-{index}-{n}" for n in range(64)]
         counter = iter(range(10**12))
 
@@ -48,6 +55,14 @@ def locks_client(hot: bool, *, prepared: bool | None = None, grant_point: str | 
         return cycle
 
     return make
+
+
+def site_logging_config() -> None:
+    """Logging as the site configures it at startup, undoing the clients' WARNING."""
+    from django.conf import settings
+    from django.utils.log import configure_logging
+
+    configure_logging(settings.LOGGING_CONFIG, settings.LOGGING)
 
 
 _FLOOR_ACQUIRE = """
@@ -351,6 +366,7 @@ SYSTEM_GIVES: dict[str, dict[str, str]] = {
     "floor_with_history": {"token": "yes", "durable": "yes", "note": "baseline; grant rows"},
     "app_functions": {"token": "yes", "durable": "yes", "note": "baseline; the app's functions"},
     "locks": {"token": "yes, fenced", "durable": "yes", "note": "grant history"},
+    "locks_site_logging": {"token": "yes, fenced", "durable": "yes", "note": "the site's LOGGING"},
     "locks_unprepared": {"token": "yes, fenced", "durable": "yes", "note": "grant history"},
     "locks_orm": {"token": "yes, fenced", "durable": "yes", "note": "grant history"},
     "pg_advisory": {"token": "no", "durable": "no", "note": "held by the session"},
