@@ -284,9 +284,16 @@ class JobsChaos:
 
         config = self.config
         transport = {"global_keyprefix": self.prefix}
+        import redis
+
+        client = redis.Redis.from_url(self._broker())
         with app.connection_for_write(self._broker(), transport_options=transport) as connection:
             sent = 0
             while self._publishing.is_set():
+                # A backlog the workers can run down: everything sent must run by the end.
+                if client.llen(self.prefix + self.queue) > 2 * config.workers:
+                    time.sleep(0.2)
+                    continue
                 sent += 1
                 key = f"k{self.rng.randrange(config.keys)}"
                 # Now and then one more of a key than its cap at once, so that the

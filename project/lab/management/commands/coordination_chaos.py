@@ -57,7 +57,7 @@ class Command(BaseCommand):
         parser.add_argument("--seconds", type=float, default=30.0, help="how long to run (default 30)")
         parser.add_argument("--workers", type=int, default=4, help="worker processes (default 4)")
         parser.add_argument("--keys", type=int, default=2, help="lock keys, one Account each (default 2)")
-        parser.add_argument("--ttl", type=float, default=1.0, help="lease seconds (default 1)")
+        parser.add_argument("--ttl", type=float, default=1.0, help="lease seconds (default 1; at least 2 with --jobs)")
         parser.add_argument("--seed", type=int, default=None, help="random seed (default: random, printed)")
         parser.add_argument("--json", dest="json_path", metavar="PATH", help="write the figures here")
         parser.add_argument("--history", metavar="PATH", help="write the merged JSON lines history here")
@@ -261,7 +261,7 @@ class Command(BaseCommand):
             raise CommandError("need --workers >= 2, --job-cap >= 1 and --seconds > 0")
         config = JobsChaosConfig(
             seconds=options["seconds"], workers=options["workers"], cap=options["job_cap"],
-            keys=options["keys"], ttl=max(options["ttl"], 1.0), faults=faults,
+            keys=options["keys"], ttl=max(options["ttl"], 2.0), faults=faults,
             fenced=options["fencing"], seed=options["seed"], celery_app=options["celery_app"],
         )
         try:
