@@ -57,7 +57,8 @@ class Command(BaseCommand):
         parser.add_argument("--seconds", type=float, default=30.0, help="how long to run (default 30)")
         parser.add_argument("--workers", type=int, default=4, help="worker processes (default 4)")
         parser.add_argument("--keys", type=int, default=2, help="lock keys, one Account each (default 2)")
-        parser.add_argument("--ttl", type=float, default=1.0, help="lease seconds (default 1; at least 2 with --jobs)")
+        parser.add_argument("--ttl", type=float, default=1.0,
+                            help="lease seconds (default 1; at least 2 with --jobs)")
         parser.add_argument("--seed", type=int, default=None, help="random seed (default: random, printed)")
         parser.add_argument("--json", dest="json_path", metavar="PATH", help="write the figures here")
         parser.add_argument("--history", metavar="PATH", help="write the merged JSON lines history here")
