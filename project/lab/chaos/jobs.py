@@ -295,7 +295,7 @@ class JobsChaos:
                     time.sleep(0.2)
                     continue
                 sent += 1
-                key = f"k{self.rng.randrange(config.keys)}"
+                key = f"{self.tag}-k{self.rng.randrange(config.keys)}"
                 # Now and then one more of a key than its cap at once, so that the
                 # cap has work to do (and the negative control something to break).
                 burst = config.cap + 1 if sent % 4 == 1 else 1
@@ -404,10 +404,10 @@ class JobsChaos:
         violations += [f"task id {task_id} was sent and never ran its body" for task_id in lost]
         # A copy whose write its fence refused (paused past its slot's lease) is
         # fencing at work, not a lost task: it ran into the newer holder.
-        refused = set(Rejection.objects.filter(lock_key__startswith="chaos-cap:")
-                      .values_list("lock_key", "token"))
+        ours = f"chaos-cap:{self.tag}-"  # this run's keys (and slots), not an earlier run's
+        refused = set(Rejection.objects.filter(lock_key__startswith=ours).values_list("lock_key", "token"))
         refused_ids = {
-            task_id for task_id, key, token in Execution.objects.filter(task=CAPPED)
+            task_id for task_id, key, token in Execution.objects.filter(task=CAPPED, lock_key__startswith=ours)
             .values_list("task_id", "lock_key", "token") if (key, token) in refused
         }
         lost_capped = [task_id for task_id in lost_task_ids(rows, self.capped_sent, "cap", "end")
