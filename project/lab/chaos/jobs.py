@@ -406,9 +406,10 @@ class JobsChaos:
         # fencing at work, not a lost task: it ran into the newer holder.
         ours = f"chaos-cap:{self.tag}-"  # this run's keys (and slots), not an earlier run's
         refused = set(Rejection.objects.filter(lock_key__startswith=ours).values_list("lock_key", "token"))
+        executions = Execution.objects.filter(task=CAPPED, lock_key__startswith=ours)
         refused_ids = {
-            task_id for task_id, key, token in Execution.objects.filter(task=CAPPED, lock_key__startswith=ours)
-            .values_list("task_id", "lock_key", "token") if (key, token) in refused
+            task_id for task_id, key, token in executions.values_list("task_id", "lock_key", "token")
+            if (key, token) in refused
         }
         lost_capped = [task_id for task_id in lost_task_ids(rows, self.capped_sent, "cap", "end")
                        if task_id not in refused_ids]
