@@ -14,6 +14,13 @@ with ``--no-fencing``, the negative control (Celery's stock scheduler, or
 django-celery-beat's ``DatabaseScheduler``, on every beat, which shows the
 duplicates). Same ``--json`` report and exit statuses.
 
+``--jobs`` runs the jobs chaos (:mod:`project.lab.chaos.jobs`): real workers
+run tasks capped per key and tasks that must not run a completed task id again,
+while workers are killed between a body's commit and its ack, paused past their
+leases and killed; some messages are published twice. With ``--no-fencing``,
+the negative control: the same bodies without the features. Same ``--json``
+report and exit statuses.
+
 ``--patroni`` runs the workload against the Patroni + etcd cluster of
 bin/cluster.sh (start it first) with synchronous replication while the primary
 is killed, paused and switched over (:mod:`project.lab.chaos.patroni`); the
@@ -35,6 +42,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from project.lab.chaos.beat import BeatChaos, BeatChaosConfig
 from project.lab.chaos.faults import FAULT_KINDS, ManagedServerError
+from project.lab.chaos.jobs import JOB_FAULT_KINDS, JobsChaos, JobsChaosConfig
 from project.lab.chaos.patroni import CLUSTER_FAULT_KINDS, PatroniError
 from project.lab.chaos.run import ChaosConfig, ChaosError, ChaosRun
 
@@ -49,7 +57,8 @@ class Command(BaseCommand):
         parser.add_argument("--seconds", type=float, default=30.0, help="how long to run (default 30)")
         parser.add_argument("--workers", type=int, default=4, help="worker processes (default 4)")
         parser.add_argument("--keys", type=int, default=2, help="lock keys, one Account each (default 2)")
-        parser.add_argument("--ttl", type=float, default=1.0, help="lease seconds (default 1)")
+        parser.add_argument("--ttl", type=float, default=1.0,
+                            help="lease seconds (default 1; at least 2 with --jobs)")
         parser.add_argument("--seed", type=int, default=None, help="random seed (default: random, printed)")
         parser.add_argument("--json", dest="json_path", metavar="PATH", help="write the figures here")
         parser.add_argument("--history", metavar="PATH", help="write the merged JSON lines history here")
@@ -143,9 +152,25 @@ class Command(BaseCommand):
                           help="seconds between a slot's claim and its publication, so that kills "
                                "sometimes leave lost slots (default 0.25)")
 
+        jobs = parser.add_argument_group("--jobs: coordinated jobs on real workers (needs a Redis broker)")
+        jobs.add_argument(
+            "--jobs", action="store_true",
+            help="run capped and once-only tasks on workers killed after a commit, paused and killed; "
+                 "check the cap, that no completed task id ran twice and that nothing was lost "
+                 "(with --no-fencing: the same bodies without the features)",
+        )
+        jobs.add_argument("--job-cap", type=int, default=2, help="executions at once per key (default 2)")
+        jobs.add_argument(
+            "--job-faults", default=",".join(JOB_FAULT_KINDS),
+            help=f"comma-separated fault kinds (default: all of {', '.join(JOB_FAULT_KINDS)})",
+        )
+
     def handle(self, *args: Any, **options: Any) -> None:
         if options["beat"]:
             self._beat(options)
+            return
+        if options["jobs"]:
+            self._jobs(options)
             return
         faults = tuple(kind.strip() for kind in options["faults"].split(",") if kind.strip())
         unknown = set(faults) - set(FAULT_KINDS)
@@ -239,6 +264,35 @@ class Command(BaseCommand):
                 raise CommandError(
                     f"--no-fencing: {report.figures.get('duplicates')} duplicate executions, as "
                     "expected of the stock scheduler on several beats",
+                    returncode=1,
+                )
+            raise CommandError(f"{len(report.violations)} violations", returncode=1)
+
+    def _jobs(self, options: dict[str, Any]) -> None:
+        faults = tuple(kind.strip() for kind in options["job_faults"].split(",") if kind.strip())
+        if set(faults) - set(JOB_FAULT_KINDS):
+            raise CommandError(f"--job-faults: choose from {', '.join(JOB_FAULT_KINDS)}")
+        if options["workers"] < 2 or options["job_cap"] < 1 or options["seconds"] <= 0:
+            raise CommandError("need --workers >= 2, --job-cap >= 1 and --seconds > 0")
+        config = JobsChaosConfig(
+            seconds=options["seconds"], workers=options["workers"], cap=options["job_cap"],
+            keys=options["keys"], ttl=max(options["ttl"], 2.0), faults=faults,
+            fenced=options["fencing"], seed=options["seed"], celery_app=options["celery_app"],
+        )
+        try:
+            report = JobsChaos(config, out=self.stdout).run()
+        except KeyboardInterrupt:
+            raise CommandError("interrupted; the workers were stopped") from None
+        except AssertionError as error:
+            raise CommandError(f"the jobs chaos run could not be carried out: {error}") from None
+        self.stdout.write(report.summary())
+        if options["json_path"]:
+            with open(options["json_path"], "w", encoding="utf-8") as out:
+                json.dump(report.as_dict(), out, indent=2, sort_keys=True, default=str)
+        if not report.passed:
+            if not config.fenced:
+                raise CommandError(
+                    f"--no-fencing: {len(report.violations)} violations, as expected without the features",
                     returncode=1,
                 )
             raise CommandError(f"{len(report.violations)} violations", returncode=1)
