@@ -5,7 +5,13 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from project.lab.chaos.jobs import lost_task_ids, most_at_once, ran_more_than_once
+from project.lab.chaos.jobs_checks import (
+    lost_task_ids,
+    most_at_once,
+    most_in_window,
+    ran_more_than_once,
+    unique_keys_run_twice,
+)
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
@@ -50,3 +56,16 @@ def test_a_task_id_sent_without_a_committed_body_is_lost() -> None:
     rows = [{"scenario": "once", "phase": "body", "task_id": "x"},
             {"scenario": "once", "phase": "done", "task_id": "z"}]
     assert lost_task_ids(rows, ["x", "y", "z"], "once", "body") == ["y", "z"]
+
+
+def test_a_unique_key_run_by_two_messages_is_counted_but_a_redelivery_is_not() -> None:
+    rows = [{"scenario": "unique", "phase": "body", "key": key, "task_id": task_id}
+            for key, task_id in (("a", "1"), ("a", "1"), ("b", "2"), ("b", "3"), ("b", "4"))]
+    assert unique_keys_run_twice(rows) == {"b": 3}
+
+
+def test_the_most_starts_in_one_half_open_window() -> None:
+    starts = [_at(0), _at(1), _at(3), _at(3.5), _at(5.9)]
+    assert most_in_window(starts, 3.0) == 3  # 3, 3.5 and 5.9
+    assert most_in_window([_at(0), _at(3)], 3.0) == 1  # [0, 3) leaves 3 out
+    assert most_in_window([], 3.0) == 0

@@ -20,7 +20,13 @@ and checks, over the rows the bodies committed (database clock):
   interval of an execution is from its start row to its end row, both
   written through its permit slot's fence);
 - no completed task id of ``job_once`` ran its body twice;
-- nothing lost: every task id sent has a committed body.
+- no unique key of ``job_unique`` ran the bodies of two messages (each sent
+  several times at once, around the enqueue's check);
+- no window of the period of ``job_rated`` holds more than N starts of a key:
+  judged on the limiter's log of starts (read during the run, as the limiter
+  prunes it), with every committed body backed by a logged start; in the
+  negative control, which logs nothing, on the bodies' rows;
+- nothing lost: every task id sent has a committed body (a unique key: one).
 
 The negative control (``fenced=False``) runs the same bodies without the
 features (a plain task, ``once=False``) and the same checker finds violations.
@@ -40,7 +46,7 @@ import threading
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -48,13 +54,23 @@ from typing import Any, Protocol
 from django.conf import settings
 from django.db import connections
 
+from .jobs_checks import (
+    lost_task_ids,
+    most_at_once,
+    most_in_window,
+    ran_more_than_once,
+    unique_keys_run_twice,
+)
+
 __all__ = [
-    "JobsChaos", "JobsChaosConfig", "JobsReport", "lost_task_ids", "most_at_once",
-    "ran_more_than_once",
+    "JobsChaos", "JobsChaosConfig", "JobsReport", "lost_task_ids", "most_at_once", "most_in_window",
+    "ran_more_than_once", "unique_keys_run_twice",
 ]
 
 CAPPED = "coordination_chaos.job_capped"
 ONCE = "coordination_chaos.job_once"
+UNIQUE = "coordination_chaos.job_unique"
+RATED = "coordination_chaos.job_rated"
 TABLE = "coordination_chaos_job_effect"
 JOB_FAULT_KINDS = ("kill_after_commit", "pause", "kill")
 
@@ -78,6 +94,11 @@ class JobsChaosConfig:
     faults: tuple[str, ...] = JOB_FAULT_KINDS
     #: One ``job_once`` message in this many is sent twice with one task id.
     duplicate_every: int = 3
+    #: ``job_rated``'s limit: N starts per period of seconds, per key.
+    rate_limit: int = 2
+    rate_period: float = 3.0
+    #: Copies of each ``job_unique`` key sent at once.
+    unique_copies: int = 3
     fenced: bool = True
     seed: int | None = None
     broker: str | None = None
@@ -104,6 +125,11 @@ class JobsReport:
             f"{figures.get('capped_completed')} completed, {figures.get('refused')} stale writes refused",
             f"  once: {figures.get('once_bodies')} committed bodies for {figures.get('once_ids')} task ids, "
             f"{figures.get('once_redelivered')} ids delivered more than once",
+            f"  unique: {figures.get('unique_keys')} keys sent {figures.get('unique_copies')} times each, "
+            f"most messages of a key run {figures.get('unique_most_run')}",
+            f"  rate: {figures.get('rated_sent')} sent, most starts in a window "
+            f"{figures.get('rate_most_in_window')} (limit {figures.get('rate_limit')} per "
+            f"{figures.get('rate_period')} s), {figures.get('rate_logged')} logged starts",
             f"  violations: {len(self.violations)}",
         ]
         lines += [f"    {violation}" for violation in self.violations[:20]]
@@ -111,49 +137,6 @@ class JobsReport:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-# --- the checks, over committed rows ------------------------------------------------------
-
-
-def most_at_once(rows: Iterable[dict[str, Any]]) -> dict[str, int]:
-    """The most ``job_capped`` executions of each key whose intervals (start row to
-    end row, database time) overlap at one moment. An execution whose end was
-    refused (a stale copy) ended nothing and counts from neither row."""
-    starts: dict[tuple[str, str, Any], Any] = {}
-    ends: dict[tuple[str, str, Any], Any] = {}
-    for row in rows:
-        if row["scenario"] != "cap":
-            continue
-        identity = (row["key"], row["task_id"], row["token"])
-        (starts if row["phase"] == "start" else ends)[identity] = row["at"]
-    points: dict[str, list[tuple[Any, int]]] = defaultdict(list)
-    for identity, started in starts.items():
-        ended = ends.get(identity)
-        if ended is not None:
-            points[identity[0]] += [(started, 1), (ended, -1)]
-    most: dict[str, int] = {}
-    for key, moments in points.items():
-        running = peak = 0
-        for _, change in sorted(moments, key=lambda point: (point[0], point[1])):  # ends first
-            running += change
-            peak = max(peak, running)
-        most[key] = peak
-    return most
-
-
-def ran_more_than_once(rows: Iterable[dict[str, Any]]) -> dict[str, int]:
-    """Task ids of ``job_once`` whose body committed more than once, with the count."""
-    bodies = Counter(row["task_id"] for row in rows if row["scenario"] == "once" and row["phase"] == "body")
-    return {task_id: count for task_id, count in bodies.items() if count > 1}
-
-
-def lost_task_ids(
-    rows: Iterable[dict[str, Any]], sent: Iterable[str], scenario: str, phase: str
-) -> list[str]:
-    """Task ids sent whose body never committed its ``phase`` row."""
-    done = {row["task_id"] for row in rows if row["scenario"] == scenario and row["phase"] == phase}
-    return sorted(set(sent) - done)
 
 
 @dataclass
@@ -189,6 +172,10 @@ class JobsChaos:
         self.capped_sent: list[str] = []
         self.once_sent: list[str] = []
         self.once_duplicated = 0
+        self.unique_sent: dict[str, list[str]] = {}
+        self.rated_sent: list[str] = []
+        self.rate_keys = [f"{self.tag}-r{index}" for index in range(2)]
+        self.rate_log: dict[str, set[Any]] = {key: set() for key in self.rate_keys}
         self._publishing = threading.Event()
         self._lock = threading.Lock()
         self.started = 0.0
@@ -253,6 +240,7 @@ class JobsChaos:
             "COORDINATION_JOBS_CAP": str(config.cap),
             "COORDINATION_JOBS_TTL": str(config.ttl),
             "COORDINATION_JOBS_RUN": self.tag,
+            "COORDINATION_JOBS_RATE": f"{config.rate_limit}/{config.rate_period:g}s",
             "COORDINATION_LOG_LEVEL": "INFO",
         }
 
@@ -313,7 +301,34 @@ class JobsChaos:
                     with self._lock:
                         self.once_sent.append(task_id)
                         self.once_duplicated += copies - 1
+                if sent % 6 == 3:
+                    # Copies of one unique key at once, straight to the broker.
+                    key = f"{self.tag}-u{sent}"
+                    ids = [app.send_task(UNIQUE, args=(key, copy, 0.3), queue=self.queue,
+                                         connection=connection).id for copy in range(config.unique_copies)]
+                    with self._lock:
+                        self.unique_sent[key] = ids
+                if sent % 12 == 0:
+                    # One more start of a key than its limit at once: some wait their turn.
+                    key = self.rng.choice(self.rate_keys)
+                    for copy in range(config.rate_limit + 1):
+                        rated = app.send_task(RATED, args=(key, sent * 10 + copy), queue=self.queue,
+                                              connection=connection)
+                        with self._lock:
+                            self.rated_sent.append(rated.id)
+                self._read_rate_log()
                 time.sleep(self.rng.uniform(0.1, 0.4))
+
+    def _read_rate_log(self) -> None:
+        """Add the limiter's logged starts of the run's rate keys (it prunes starts
+        older than two periods, so this is read at least once a period)."""
+        if not self.config.fenced:
+            return
+        from coordination import jobs, ratelimits
+
+        with contextlib.suppress(Exception):  # a connection the faults broke: next time
+            for key in self.rate_keys:
+                self.rate_log[key].update(ratelimits.starts_of(jobs.rate_bucket(RATED, key)))
 
     # --- faults --------------------------------------------------------------------------
 
@@ -382,6 +397,7 @@ class JobsChaos:
             count = len(self._rows(None, None, None))
             if count != last_count or waiting:
                 quiet_since, last_count = time.monotonic(), count
+            self._read_rate_log()
             if not waiting and time.monotonic() - quiet_since > self.config.ttl * 2 + 2:
                 return
             time.sleep(0.5)
@@ -414,6 +430,30 @@ class JobsChaos:
         lost_capped = [task_id for task_id in lost_task_ids(rows, self.capped_sent, "cap", "end")
                        if task_id not in refused_ids]
         violations += [f"capped task {task_id} never completed" for task_id in lost_capped]
+        run_twice = unique_keys_run_twice(rows)
+        violations += [
+            f"unique key {key} ran {count} messages' bodies" for key, count in sorted(run_twice.items())
+        ]
+        unique_run = {row["key"] for row in rows if row["scenario"] == "unique" and row["phase"] == "body"}
+        violations += [
+            f"unique key {key} was sent and never ran" for key in sorted(set(self.unique_sent) - unique_run)
+        ]
+        period, limit = self.config.rate_period, self.config.rate_limit
+        bodies: dict[str, list[Any]] = defaultdict(list)
+        for row in rows:
+            if row["scenario"] == "rate" and row["phase"] == "body":
+                bodies[row["key"]].append(row["at"])
+        # The limiter's log is what it decided; without the feature there is none,
+        # and the bodies' own times are judged.
+        judged = self.rate_log if self.config.fenced else bodies
+        rate_most = {key: most_in_window(times, period) for key, times in judged.items()}
+        violations += [f"{most} starts of {key} in one {period:g} s window, limit {limit}"
+                       for key, most in sorted(rate_most.items()) if most > limit]
+        if self.config.fenced:
+            violations += [f"{len(times)} bodies of {key} for {len(self.rate_log[key])} logged starts"
+                           for key, times in sorted(bodies.items()) if len(times) > len(self.rate_log[key])]
+        lost_rated = lost_task_ids(rows, self.rated_sent, "rate", "body")
+        violations += [f"rate-limited task {task_id} never ran" for task_id in lost_rated]
         once_ids = set(self.once_sent)
         # A delivery that ended well records "done" (after the body, or with the
         # stored result of a completed task id): the messages run more than once.
@@ -434,7 +474,16 @@ class JobsChaos:
             "once_bodies": sum(1 for row in rows if row["scenario"] == "once" and row["phase"] == "body"),
             "once_ran_twice": len(twice),
             "once_redelivered": sum(1 for count in deliveries.values() if count > 1),
-            "lost": len(lost) + len(lost_capped),
+            "unique_keys": len(self.unique_sent), "unique_copies": self.config.unique_copies,
+            "unique_most_run": max(
+                (len({r["task_id"] for r in rows if r["scenario"] == "unique" and r["phase"] == "body"
+                      and r["key"] == key}) for key in self.unique_sent), default=0,
+            ),
+            "rated_sent": len(self.rated_sent), "rate_limit": limit, "rate_period": period,
+            "rate_most_in_window": max(rate_most.values(), default=0),
+            "rate_logged": sum(len(times) for times in self.rate_log.values()),
+            "rate_bodies": sum(len(times) for times in bodies.values()),
+            "lost": len(lost) + len(lost_capped) + len(lost_rated),
         }
         return JobsReport(passed=not violations, violations=violations, figures=figures)
 

@@ -16,9 +16,19 @@ committed, in database time:
   pass before the worker acknowledges the message, so the controller can kill
   the worker between the commit and the ack.
 
+- ``job_unique(key, copy, seconds)``: "no duplicate of a unique job runs".
+  Fenced, it is ``fenced_task(unique="chaos-u:{key}", unique_for=UNIQUE_FOR)``
+  under a lock of its own per copy (so only the claim keeps the copies
+  apart); the controller sends several copies of one key at once, straight
+  to the broker, as a message sent around the enqueue's check would be.
+- ``job_rated(key, copy)``: "no window of the period holds more than N
+  starts". Fenced, it is ``fenced_task(rate=RATE, rate_key="{key}")``, each
+  copy under a lock of its own.
+
 With ``COORDINATION_JOBS_FENCED=0`` (the negative control) the same bodies run
 without the feature: ``job_capped`` as a plain task, ``job_once`` with
-``once=False``.
+``once=False``, ``job_unique`` without ``unique``, ``job_rated`` without
+``rate``.
 """
 
 from __future__ import annotations
@@ -36,12 +46,17 @@ from coordination.fencing import fence
 
 CAPPED = "coordination_chaos.job_capped"
 ONCE = "coordination_chaos.job_once"
+UNIQUE = "coordination_chaos.job_unique"
+RATED = "coordination_chaos.job_rated"
 TABLE = "coordination_chaos_job_effect"
 
 FENCED = os.environ.get("COORDINATION_JOBS_FENCED", "1") == "1"
 CAP = int(os.environ.get("COORDINATION_JOBS_CAP", "2"))
 TTL = float(os.environ.get("COORDINATION_JOBS_TTL", "2"))
 RUN = os.environ.get("COORDINATION_JOBS_RUN", "")
+#: Seconds a unique key stays taken from its first start: longer than a round.
+UNIQUE_FOR = float(os.environ.get("COORDINATION_JOBS_UNIQUE_FOR", "60"))
+RATE = os.environ.get("COORDINATION_JOBS_RATE", "2/3s")
 
 
 def record(scenario: str, key: str, phase: str, task_id: str | None, token: int | None) -> None:
@@ -93,6 +108,24 @@ def job_once(self: Any, index: int, seconds: float) -> int:
         record("once", f"once:{index}", "body", self.request.id, self.grant.token)
     time.sleep(seconds)
     return index
+
+
+# The features are off in the negative control: the same decorator without them.
+UNIQUE_OPTIONS: dict[str, Any] = {"unique": "chaos-u:{key}", "unique_for": UNIQUE_FOR} if FENCED else {}
+RATE_OPTIONS: dict[str, Any] = {"rate": RATE, "rate_key": "{key}"} if FENCED else {}
+
+
+@fenced_task(lock="chaos-unique:{key}:{copy}", **UNIQUE_OPTIONS, ttl=TTL, wait=0, on_busy="retry",
+             bind=True, name=UNIQUE, ignore_result=True, max_retries=None)
+def job_unique(self: Any, key: str, copy: int, seconds: float) -> None:
+    record("unique", key, "body", self.request.id, self.grant.token)
+    time.sleep(seconds)
+
+
+@fenced_task(lock="chaos-rate:{key}:{copy}", **RATE_OPTIONS, ttl=TTL, wait=0, on_busy="retry",
+             bind=True, name=RATED, ignore_result=True, max_retries=None)
+def job_rated(self: Any, key: str, copy: int) -> None:
+    record("rate", key, "body", self.request.id, self.grant.token)
 
 
 @celery_signals.task_postrun.connect(dispatch_uid="coordination_chaos.job_once_ack_delay")
