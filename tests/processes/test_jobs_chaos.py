@@ -1,8 +1,9 @@
 """Real workers run coordinated jobs through pauses, kills after a body's commit and
 messages published twice; the checker over the committed rows
 (project/lab/chaos/jobs.py) finds no key above its cap, no completed task id run
-twice, no unique key run by two messages, no window over its rate and nothing lost. The negative control, the same bodies without the
-features, finds every kind of violation.
+twice, no unique key run by two messages, no window over its rate and nothing
+lost. The negative control, the same bodies without the features, finds every
+kind of violation.
 
 Short on purpose (CI budget); ``coordination_chaos --jobs`` runs the same for as
 long as asked.
