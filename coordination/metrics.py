@@ -77,18 +77,20 @@ LEASE_DURATION = Histogram(
     buckets=(0.01, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600, 4 * 3600, 24 * 3600),
 )
 
-# Counted by job coordination's grant-point checks where a start is decided:
-# executions deferred by a rate limit, and duplicates of a unique job (or of a
-# finished task id) that did not run their body. Declared here with the others,
-# so every process exports them, at 0 before the first one.
+# Job coordination's starts that did not happen as sent: executions deferred by
+# a rate limit, and duplicates of a unique job (or of a task id whose body
+# already completed) that did not run their body. Counted from the signals the
+# executions send, per task.
 JOBS_RATE_LIMITED = Counter(
     "coordination_jobs_rate_limited",
     "Executions of fenced tasks deferred by a rate limit instead of starting.",
+    ["task"],
 )
 JOBS_DEDUPLICATED = Counter(
     "coordination_jobs_deduplicated",
     "Executions of fenced tasks that did not run their body: a duplicate of a unique job "
-    "or of a task id whose body already completed.",
+    "(reason duplicate) or of a task id whose body already completed (reason completed).",
+    ["task", "reason"],
 )
 
 _ENDINGS: dict[str, Counter] = {
@@ -155,16 +157,16 @@ def _count_rejected(sender: object, rejection: Rejection | None = None, **kwargs
     FENCED_WRITES.labels(outcome=reason).inc()
 
 
-RATE_LIMITED = Counter(
-    "coordination_rate_limited_starts",
-    "Fenced executions over their rate limit, deferred by the countdown the limiter computed.",
-    ["task"],
-)
-
-
 @receiver(signals.task_rate_limited, dispatch_uid="coordination.metrics.rate_limited")
 def _count_rate_limited(sender: object, task: str | None = None, **kwargs: Any) -> None:
-    RATE_LIMITED.labels(task=task or "").inc()
+    JOBS_RATE_LIMITED.labels(task=task or "").inc()
+
+
+@receiver(signals.task_skipped, dispatch_uid="coordination.metrics.deduplicated")
+def _count_deduplicated(sender: object, task: Any = None, reason: str = "", **kwargs: Any) -> None:
+    if reason in {"duplicate", "completed"}:
+        name = getattr(task, "name", None) or getattr(task, "__qualname__", None) or str(task or "")
+        JOBS_DEDUPLICATED.labels(task=name, reason=reason).inc()
 
 
 def _observe_lease(start: object, end: object) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from django.db import connections
+from prometheus_client import REGISTRY
 
 from coordination import jobs, locks, ratelimits, signals
 from coordination.contrib.celery import fenced_task
@@ -134,12 +135,15 @@ def test_an_execution_over_the_rate_waits_the_limiters_countdown_when_it_cannot_
     def note(sender: Any, countdown: float = 0.0, **kwargs: Any) -> None:
         seen.append(countdown)
 
+    counted = REGISTRY.get_sample_value("coordination_jobs_rate_limited_total", {"task": limited.name}) or 0.0
     signals.task_rate_limited.connect(note)
     try:
         assert [limited("a", n) for n in range(3)] == [0, 1, 2]
         assert limited("b", 9) == 9
     finally:
         signals.task_rate_limited.disconnect(note)
+    after = REGISTRY.get_sample_value("coordination_jobs_rate_limited_total", {"task": limited.name})
+    assert after is not None and after >= counted + 1
     assert ran == [("a", 0), ("a", 1), ("a", 2), ("b", 9)]
     assert seen and 0 < seen[0] <= 1.0
     bucket = jobs.rate_bucket(limited.name, "a")

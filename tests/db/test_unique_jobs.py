@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from celery.exceptions import Retry
+from prometheus_client import REGISTRY
 
 from coordination import locks, signals, unique
 from coordination.contrib.celery import fenced_task
@@ -149,12 +150,15 @@ def test_a_duplicate_message_that_reaches_a_worker_does_not_run(broker: Any) -> 
     def on_skipped(sender: Any, **kwargs: Any) -> None:
         seen.append(kwargs)
 
+    labels = {"task": until_succeeded.name, "reason": "duplicate"}
+    counted = REGISTRY.get_sample_value("coordination_jobs_deduplicated_total", labels) or 0.0
     signals.task_skipped.connect(on_skipped)
     try:
         # A message sent around the check: another task id, the same key.
         outcome = until_succeeded.apply((7, 1), task_id="sent-around-the-check").get()
     finally:
         signals.task_skipped.disconnect(on_skipped)
+    assert REGISTRY.get_sample_value("coordination_jobs_deduplicated_total", labels) == counted + 1
 
     assert outcome["coordination"] == "skipped"
     assert outcome["reason"] == "duplicate"
