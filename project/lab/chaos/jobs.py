@@ -49,11 +49,12 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from django.conf import settings
 from django.db import connections
 
+from .beat import Output
 from .jobs_checks import (
     lost_task_ids,
     most_at_once,
@@ -73,10 +74,6 @@ UNIQUE = "coordination_chaos.job_unique"
 RATED = "coordination_chaos.job_rated"
 TABLE = "coordination_chaos_job_effect"
 JOB_FAULT_KINDS = ("kill_after_commit", "pause", "kill")
-
-
-class Output(Protocol):
-    def write(self, text: str, /) -> Any: ...
 
 
 @dataclass
