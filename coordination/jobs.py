@@ -36,6 +36,7 @@ also needs ``revoke`` on each running execution's own key.
 from __future__ import annotations
 
 import difflib
+import hashlib
 import logging
 import os
 import threading
@@ -52,6 +53,7 @@ from .conf import app_settings
 from .exceptions import InvalidInput
 from .logfields import LogFields
 from .models import (
+    RATE_BUCKET_MAX_LENGTH,
     TASK_PATTERN_WILDCARD,
     DatabaseNow,
     Execution,
@@ -174,7 +176,13 @@ def rate_bucket(scope: str, rendered: str) -> str:
     task's name for the decorator's ``rate``, and the rendered ``rate_key``. A
     pattern's executions share one count per rendered key (``billing.*``: ten
     starts per customer over every billing task)."""
-    return f"{scope}|{rendered}"
+    bucket = f"{scope}|{rendered}"
+    if len(bucket) <= RATE_BUCKET_MAX_LENGTH:
+        return bucket
+    # A long key keeps its readable start and ends in its digest, so that two
+    # long keys never share a count.
+    digest = hashlib.sha256(bucket.encode()).hexdigest()
+    return f"{bucket[:RATE_BUCKET_MAX_LENGTH - len(digest) - 1]}#{digest}"
 
 
 def cap_name(scope: str, rendered: str) -> str:

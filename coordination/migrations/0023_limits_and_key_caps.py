@@ -19,7 +19,7 @@ class Migration(migrations.Migration):
             name='RateBucket',
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('key', models.CharField(max_length=400, unique=True)),
+                ('key', models.CharField(max_length=255, unique=True)),
                 ('created_at', models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
             ],
             options={

@@ -100,6 +100,7 @@ from .outbox import (
     OutboxState,
 )
 from .ratelimits import (
+    RATE_BUCKET_MAX_LENGTH,
     RateBucket,
     RateStart,
     render_template,
@@ -114,6 +115,7 @@ __all__ = [
     "MAX_TOKEN",
     "PATTERN_RULE",
     "PATTERN_WILDCARD",
+    "RATE_BUCKET_MAX_LENGTH",
     "RATE_LIMIT_MAX",
     "RATE_PERIOD_MAX",
     "RATE_PERIOD_MIN",

@@ -10,7 +10,6 @@ from django.db import models
 from django.db.models.functions import Now
 
 from ..exceptions import InvalidInput
-from ..keys import KEY_MAX_LENGTH
 
 
 def template_fields(template: str) -> list[str]:
@@ -43,11 +42,15 @@ def render_template(template: str, arguments: Mapping[str, Any], *, what: str = 
         raise InvalidInput(f"{what} {template!r} names {error}, which this call does not have") from None
 
 
+# MariaDB's bound on a unique text column; longer rate keys end in a digest.
+RATE_BUCKET_MAX_LENGTH = 255
+
+
 class RateBucket(models.Model):
     """One rate key (the policy's or task's name and the rendered template): the row
     each decision locks, so that the decisions of one key happen one at a time."""
 
-    key = models.CharField(max_length=KEY_MAX_LENGTH * 2, unique=True)
+    key = models.CharField(max_length=RATE_BUCKET_MAX_LENGTH, unique=True)
     created_at = models.DateTimeField(db_default=Now())
 
     class Meta:

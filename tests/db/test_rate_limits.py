@@ -164,6 +164,18 @@ def test_a_policys_rate_replaces_the_decorators_and_counts_per_its_template() ->
     assert not over.granted and 29 < over.countdown <= 30
 
 
+def test_long_rate_keys_fit_the_column_and_keep_their_own_counts() -> None:
+    # A task name and a rendered key can pass 255 characters (MariaDB's bound on a
+    # unique text column): such keys end in their digest and are still counted apart.
+    scope = "tests." + "x" * 200
+    first, second = jobs.rate_bucket(scope, "a" * 100), jobs.rate_bucket(scope, "a" * 99 + "b")
+    assert len(first) == len(second) == 255 and first != second
+    assert jobs.rate_bucket(scope, "short") == f"{scope}|short"
+    assert take_start(first, Rate(1, 30.0)).granted
+    assert take_start(second, Rate(1, 30.0)).granted
+    assert not take_start(first, Rate(1, 30.0)).granted
+
+
 def test_an_execution_over_its_rate_gives_its_lock_back_before_it_is_deferred() -> None:
     deferred: list[tuple[float, str]] = []
     from coordination.contrib.execution import FencedExecution
