@@ -2,8 +2,10 @@
 
 What goes: ended grants (except each lock's latest grant, whose token is the
 lock's counter), rejections, idempotency records, accepted-write records and
-the records of fenced tasks' executions (never one whose lease is live) older
-than a cutoff measured on the database clock; and the Lock rows of keys
+the records of fenced tasks' executions (never one whose lease is live),
+unique-job claims that no longer hold and rate-limit starts older than the
+longest period (so no window still counts them) older than a cutoff measured
+on the database clock; and the Lock rows of keys
 free and unused for ``COORDINATION["PRUNE_LOCKS_AFTER"]`` seconds (and at
 least the cutoff), with what is left of their grant history. What stays,
 always: Fence rows (their watermarks are what refuse old tokens), every lock
@@ -45,16 +47,20 @@ from .exceptions import InvalidInput
 from .locks import database_now
 from .models import (
     MAX_TOKEN,
+    RATE_PERIOD_MAX,
     AcceptedWrite,
     DatabaseNow,
     Execution,
     Grant,
     IdempotencyRecord,
     Lock,
+    RateStart,
     Rejection,
     Ticket,
+    UniqueClaim,
 )
 from .restore import raise_floor_to
+from .unique import holding
 
 __all__ = ["PruneTarget", "lock_cutoff", "parse_age", "prune", "prune_locks", "targets", "unused_locks"]
 
@@ -78,29 +84,40 @@ def parse_age(text: str) -> dt.timedelta:
 
 @dataclass(frozen=True)
 class PruneTarget:
-    """One kind of history row and which of its rows are old enough to delete."""
+    """One kind of history row and which of its rows are old enough to delete,
+    given the cutoff and the database's time now."""
 
     name: str
     model: type[models.Model]
-    old: Callable[[dt.datetime], Q]
+    old: Callable[[dt.datetime, dt.datetime], Q]
 
 
 def targets() -> list[PruneTarget]:
+    longest_period = dt.timedelta(seconds=RATE_PERIOD_MAX)
     return [
         PruneTarget(
             "grants",
             Grant,
             # Ended grants only, and never the lock's latest: its token is the
             # counter, and grant_from_proof may still be asked about it.
-            lambda cutoff: Q(ended_at__lt=cutoff) & ~Q(token=F("lock__token")),
+            lambda cutoff, now: Q(ended_at__lt=cutoff) & ~Q(token=F("lock__token")),
         ),
-        PruneTarget("rejections", Rejection, lambda cutoff: Q(created_at__lt=cutoff)),
-        PruneTarget("idempotency records", IdempotencyRecord, lambda cutoff: Q(created_at__lt=cutoff)),
-        PruneTarget("accepted writes", AcceptedWrite, lambda cutoff: Q(created_at__lt=cutoff)),
+        PruneTarget("rejections", Rejection, lambda cutoff, now: Q(created_at__lt=cutoff)),
+        PruneTarget(
+            "idempotency records", IdempotencyRecord, lambda cutoff, now: Q(created_at__lt=cutoff)
+        ),
+        PruneTarget("accepted writes", AcceptedWrite, lambda cutoff, now: Q(created_at__lt=cutoff)),
         # An execution's record goes with its grant's history, never while it runs.
-        PruneTarget("executions", Execution, lambda cutoff: Q(started_at__lt=cutoff) & ~Q(Exists(
+        PruneTarget("executions", Execution, lambda cutoff, now: Q(started_at__lt=cutoff) & ~Q(Exists(
             Grant.objects.live().filter(lock__key=OuterRef("lock_key"), token=OuterRef("token"))
         ))),
+        # A claim that holds keeps its job unique; an ended one is made again by the next claim.
+        PruneTarget("unique claims", UniqueClaim, lambda cutoff, now: Q(claimed_at__lt=cutoff) & ~holding()),
+        # A start within the longest period may still count in some key's window.
+        PruneTarget(
+            "rate starts", RateStart,
+            lambda cutoff, now: Q(started_at__lt=min(cutoff, now - longest_period)),
+        ),
     ]
 
 
@@ -127,7 +144,7 @@ def prune(
     counts: dict[str, int] = {}
     locks_cutoff = lock_cutoff(now, cutoff)
     for target in targets():
-        rows = target.model._base_manager.using(alias).filter(target.old(cutoff))
+        rows = target.model._base_manager.using(alias).filter(target.old(cutoff, now))
         if not apply:
             counts[target.name] = rows.count()
             progress(f"{target.name}: {counts[target.name]} to delete")

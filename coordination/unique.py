@@ -40,7 +40,7 @@ from .logfields import LogFields
 from .models import DatabaseNow, Grant, UniqueClaim, UniqueScope
 
 __all__ = [
-    "PENDING", "claim_enqueue", "claim_start", "end_claim", "holder_of", "name_claim", "prune",
+    "PENDING", "claim_enqueue", "claim_start", "end_claim", "holder_of", "holding", "name_claim", "prune",
     "release_enqueue", "requeue",
 ]
 
@@ -59,7 +59,7 @@ def _in(seconds: float) -> Any:
     return ExpressionWrapper(DatabaseNow() + dt.timedelta(seconds=seconds), output_field=DateTimeField())
 
 
-def _holds() -> Q:
+def holding() -> Q:
     """Claims that hold now, by the database clock: within ``holds_until``, or
     under a live grant (not ended and not past its lease)."""
     live = Grant.objects.filter(
@@ -72,7 +72,7 @@ def _holds() -> Q:
 def holder_of(key: str, *, using: str | None = None) -> str | None:
     """The task id of the execution that holds ``key`` now, or None."""
     rows = UniqueClaim.objects.using(using or app_settings.DATABASE)
-    return rows.filter(_holds(), key=key).values_list("task_id", flat=True).first()
+    return rows.filter(holding(), key=key).values_list("task_id", flat=True).first()
 
 
 def _claim(
@@ -87,7 +87,7 @@ def _claim(
         with transaction.atomic(using=alias):
             row = rows.select_for_update().filter(key=key).first()
             if row is not None:
-                holds = rows.filter(_holds(), pk=row.pk).exists()
+                holds = rows.filter(holding(), pk=row.pk).exists()
                 verdict = decide(row, holds)
                 if verdict == "duplicate":
                     return row.task_id
@@ -244,7 +244,7 @@ def prune(*, older_than: float = 86400.0, using: str | None = None) -> int:
     rows = UniqueClaim.objects.using(using or app_settings.DATABASE)
 
     def ended(queryset: Any) -> Any:
-        return queryset.filter(claimed_at__lt=_in(-older_than)).exclude(_holds())
+        return queryset.filter(claimed_at__lt=_in(-older_than)).exclude(holding())
 
     # The keys first (MySQL deletes from no subquery of the same table), judged
     # again by the DELETE itself.

@@ -28,6 +28,7 @@ class JobRow:
     running: list[jobs.Running]
     deferred: int
     skipped: int
+    finished: int
     refused: int | None
     may_steer: bool = False
 
@@ -68,7 +69,7 @@ def build_jobs(
     worker at its start, run before, with a policy, a count or an execution
     running now) that the viewer may read as the key
     ``task:<name>``, with its executions running now (live grants, by the
-    database clock), its deferred and skipped counts, its refused writes of
+    database clock), its deferred, skipped and finished-before counts, its refused writes of
     the last day and the policy in force. ``may_steer(task)`` says whether
     the viewer may pause and resume it."""
     shown = shown or Shown()
@@ -110,6 +111,7 @@ def build_jobs(
             task=name, policy=policy,
             running=[run for run in running.get(name, []) if readable("read", run.key)],
             deferred=counts.get(JobOutcome.DEFERRED, 0), skipped=counts.get(JobOutcome.SKIPPED, 0),
+            finished=counts.get(JobOutcome.FINISHED, 0),
             refused=refused.get(name, 0) if shown.rejections else None,
             may_steer=bool(may_steer(name)) if may_steer is not None else False,
         ))

@@ -158,6 +158,8 @@ def test_the_jobs_page_shows_each_task_its_executions_counts_and_policy(admin_cl
     jobs.tally("billing.settle", "deferred")
     jobs.tally("billing.settle", "deferred")
     jobs.tally("reports.build", "skipped")
+    jobs.tally("reports.build", "finished")
+    saved("reports.*", rate_limit=10, rate_period=60, rate_key="{region}", key_cap=2, cap_key="{region}")
 
     text = admin_client.get(reverse(JOBS)).content.decode()
 
@@ -169,6 +171,8 @@ def test_the_jobs_page_shows_each_task_its_executions_counts_and_policy(admin_cl
     reports = reports[: reports.index("</section>")]
     assert '<td data-metric="running">1</td>' in reports and '<td data-metric="skipped">1</td>' in reports
     assert "report:eu" in reports and str(grant.token) in reports and "worker-host:4242" in reports
+    assert '<td data-metric="finished">1</td>' in reports
+    assert "10 starts per 60 s per {region}" in reports and "at most 2 at once per {region}" in reports
     assert 'value="pause"' in reports
 
 

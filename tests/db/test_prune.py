@@ -93,7 +93,8 @@ def test_prune_keeps_recent_history() -> None:
         3, 1, 1,
     )
     assert (
-        "Deleted 0 grants, 0 rejections, 0 idempotency records, 0 accepted writes, 0 executions, 0 locks"
+        "Deleted 0 grants, 0 rejections, 0 idempotency records, 0 accepted writes, 0 executions, "
+        "0 unique claims, 0 rate starts, 0 locks"
         in out
     )
 
@@ -249,7 +250,8 @@ def test_lock_pruning_goes_in_batches_and_dry_run_counts() -> None:
     ended_grants("new", 1)
 
     assert (
-        "Would delete 0 grants, 0 rejections, 0 idempotency records, 0 accepted writes, 0 executions, 5 locks"
+        "Would delete 0 grants, 0 rejections, 0 idempotency records, 0 accepted writes, 0 executions, "
+        "0 unique claims, 0 rate starts, 5 locks"
         in prune("--older-than", "30d", "--dry-run")
     )
     assert Lock.objects.count() == 6
@@ -336,3 +338,38 @@ def test_executions_go_with_their_grants_history_never_while_their_lease_is_live
 
     assert "1 executions" in out
     assert list(Execution.objects.values_list("task", flat=True)) == ["app.tasks.long"]
+
+
+def test_ended_unique_claims_go_and_a_holding_claim_stays_whatever_its_age() -> None:
+    from coordination.models import UniqueClaim
+
+    now = locks.database_now()
+    UniqueClaim.objects.create(key="u:ended", task="t", task_id="1", scope="queued", holds_until=now)
+    UniqueClaim.objects.create(
+        key="u:waiting", task="t", task_id="2", scope="succeeded", holds_until=now + dt.timedelta(days=1)
+    )
+    live = locks.acquire("job:u", holder="w", ttl=600)
+    UniqueClaim.objects.create(key="u:running", task="t", task_id="3", scope="running",
+                               lock_key=live.key, token=live.token)
+    age(UniqueClaim.objects.all(), "claimed_at")
+
+    out = prune("--older-than", "30d")
+
+    assert "1 unique claims" in out
+    assert set(UniqueClaim.objects.values_list("key", flat=True)) == {"u:waiting", "u:running"}
+
+
+def test_rate_starts_go_only_once_no_window_of_the_longest_period_counts_them() -> None:
+    from coordination.models import RATE_PERIOD_MAX, RateBucket, RateStart
+
+    bucket = RateBucket.objects.create(key="billing|7")
+    now = locks.database_now()
+    for hours in (2, 25):
+        RateStart.objects.create(bucket=bucket, started_at=now - dt.timedelta(hours=hours))
+    assert RATE_PERIOD_MAX == 86_400.0  # one day: the start of 2 hours ago may still count
+
+    out = prune("--older-than", "1h")
+
+    assert "1 rate starts" in out
+    assert [round((now - start).total_seconds() / 3600) for start in
+            RateStart.objects.values_list("started_at", flat=True)] == [2]

@@ -13,8 +13,9 @@ from coordination.exceptions import InvalidInput
 
 class Command(BaseCommand):
     help = (
-        "Delete ended grants (never a kept lock's latest grant), rejections, idempotency records "
-        "and accepted-write records older than --older-than, and the rows of locks unused for "
+        "Delete ended grants (never a kept lock's latest grant), rejections, idempotency records, "
+        "accepted-write records, execution records, ended unique-job claims and rate-limit starts "
+        "no window counts older than --older-than, and the rows of locks unused for "
         "COORDINATION['PRUNE_LOCKS_AFTER'] (and --older-than) with their grants, after raising "
         "the token floor above their counters; in short batches, safe while the service runs. "
         "Fence rows are never deleted."
