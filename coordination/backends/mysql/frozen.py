@@ -44,7 +44,7 @@ body: BEGIN
         IF v_own THEN ROLLBACK; END IF;
         RESIGNAL;
     END;
-    IF v_own THEN START TRANSACTION; END IF;
+    IF v_own THEN START TRANSACTION; ELSE SAVEPOINT coordination_acquire; END IF;
     -- The key's row, locked until the end. Racing first acquirers of a key all
     -- insert it without an error (ON DUPLICATE KEY UPDATE takes the row lock,
     -- so they queue on it); a row pruned before it is locked is made again.
@@ -74,7 +74,7 @@ body: BEGIN
             v_delay_until IS NULL OR v_delay_until <= v_now)
         AND v_ahead = 0 AND v_token < p_max_token AND v_floor < p_max_token
     ) THEN
-        IF v_own THEN ROLLBACK; END IF;
+        IF v_own THEN ROLLBACK; ELSE ROLLBACK TO SAVEPOINT coordination_acquire; END IF;
         SELECT FALSE, v_id, v_token, v_holder,
             NULL, v_expires, v_now, v_delay, v_delay_until, v_ahead,
             NULL, NULL, NULL, NULL, NULL, v_floor;
@@ -96,7 +96,7 @@ body: BEGIN
     IF p_ticket < p_max_token THEN
         DELETE FROM `coordination_ticket` WHERE id = p_ticket;
     END IF;
-    IF v_own THEN COMMIT; END IF;
+    IF v_own THEN COMMIT; ELSE RELEASE SAVEPOINT coordination_acquire; END IF;
     SELECT TRUE, v_id, v_new_token, p_holder, v_now, v_new_expires, v_now, p_delay, NULL, 0,
         v_grant_id, IF(v_holder <> '', v_token, NULL), IF(v_holder <> '', v_holder, NULL),
         IF(v_holder <> '', v_acquired, NULL), IF(v_holder <> '', v_expires, NULL), v_floor;
