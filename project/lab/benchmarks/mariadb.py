@@ -84,11 +84,10 @@ WHERE l.`key` = %s AND l.token = %s AND l.lease = %s
 
 def connect(settings: dict[str, Any]) -> Any:
     """A plain MySQLdb connection in autocommit, with the parameters Django would use."""
-    import MySQLdb
     from django.db.backends.mysql.base import DatabaseWrapper
 
-    params = DatabaseWrapper(settings, alias="coordination_bench_raw").get_connection_params()
-    conn = MySQLdb.connect(**params)
+    wrapper = DatabaseWrapper(settings, alias="coordination_bench_raw")
+    conn = wrapper.get_new_connection(wrapper.get_connection_params())
     conn.autocommit(True)
     return conn
 
