@@ -59,12 +59,14 @@ body: BEGIN
         END IF;
         INSERT INTO `coordination_lock` (`key`) VALUES (p_key) ON DUPLICATE KEY UPDATE `key` = VALUES(`key`);
     END LOOP;
-    -- The clock and the floor, read after the row lock.
-    SET v_now = UTC_TIMESTAMP(6);
-    SELECT COALESCE(MAX(f.token), 0) INTO v_floor FROM `coordination_tokenfloor` AS f WHERE f.id = 1;
-    -- Without a ticket (p_ticket = p_max_token) every live ticket is ahead.
-    SELECT COUNT(*) INTO v_ahead FROM `coordination_ticket` AS q
-    WHERE q.lock_key = p_key AND q.id < p_ticket AND q.expires_at > v_now;
+    -- The clock, the floor (0 if its row is missing) and the fair queue, read
+    -- after the row lock. Without a ticket (p_ticket = p_max_token) every live
+    -- ticket is ahead.
+    SELECT UTC_TIMESTAMP(6),
+        COALESCE((SELECT f.token FROM `coordination_tokenfloor` AS f WHERE f.id = 1), 0),
+        (SELECT COUNT(*) FROM `coordination_ticket` AS q
+         WHERE q.lock_key = p_key AND q.id < p_ticket AND q.expires_at > UTC_TIMESTAMP(6))
+    INTO v_now, v_floor, v_ahead;
     -- The grant rule (base.grant_refusal): no lease runs, no lock-delay runs, no
     -- fair waiter is ahead, a token is left above the counter and the floor.
     IF NOT (
