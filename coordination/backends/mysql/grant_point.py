@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import Any, TypeVar
+from weakref import WeakKeyDictionary
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, OperationalError
@@ -23,6 +24,7 @@ from ..base import (
     IDLE_BOUND,
     Acquired,
     Ended,
+    IdleBound,
     LockSnapshot,
     TakenOver,
     grant_refusal,
@@ -123,6 +125,10 @@ class MySQLGrantPoint(MySQLOrmGrantPoint):
 
     name = "mysql"
 
+    def __init__(self, alias: str, dialect: IdleBound) -> None:
+        super().__init__(alias, dialect)
+        self._cursors: WeakKeyDictionary[BaseDatabaseWrapper, Any] = WeakKeyDictionary()
+
     def call(self, sql: str, params: tuple[object, ...]) -> tuple[Any, ...]:
         """One ``CALL`` on the connection's MySQLdb handle: the procedure's one row.
         A missing procedure says what to do."""
@@ -131,14 +137,22 @@ class MySQLGrantPoint(MySQLOrmGrantPoint):
             with connection.wrap_database_errors:
                 if connection.connection is None:
                     connection.ensure_connection()
-                cursor = connection.connection.cursor()
+                raw = connection.connection
+                cursor = self._cursors.get(connection)
+                if cursor is None or cursor.connection is not raw:
+                    # Kept with the Django connection object, for the MySQLdb
+                    # connection it has now (a reconnect makes a new one).
+                    cursor = self._cursors[connection] = raw.cursor()
                 try:
                     cursor.execute(sql, params)
                     row = cursor.fetchone()
                     while cursor.nextset():  # the CALL's own status
                         pass
-                finally:
-                    cursor.close()
+                except BaseException:
+                    del self._cursors[connection]
+                    with suppress(Exception):
+                        cursor.close()
+                    raise
         except DatabaseError as error:
             if error_code(error) != NO_SUCH_PROCEDURE:
                 raise

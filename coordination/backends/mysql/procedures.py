@@ -93,11 +93,11 @@ body: BEGIN
     END LOOP;
     -- The clock, the floor (0 if its row is missing) and the fair queue, read
     -- after the row lock. Without a ticket (p_ticket = p_max_token) every live
-    -- ticket is ahead.
+    -- ticket is ahead; they are counted only for a refusal's message.
     SELECT UTC_TIMESTAMP(6),
         COALESCE((SELECT f.token FROM {floor} AS f WHERE f.id = 1), 0),
-        (SELECT COUNT(*) FROM {ticket} AS q
-         WHERE q.lock_key = p_key AND q.id < p_ticket AND q.expires_at > UTC_TIMESTAMP(6))
+        EXISTS (SELECT 1 FROM {ticket} AS q
+            WHERE q.lock_key = p_key AND q.id < p_ticket AND q.expires_at > UTC_TIMESTAMP(6))
     INTO v_now, v_floor, v_ahead;
     -- The grant rule (base.grant_refusal): no lease runs, no lock-delay runs, no
     -- fair waiter is ahead, a token is left above the counter and the floor.
@@ -108,10 +108,16 @@ body: BEGIN
             v_delay_until IS NULL OR v_delay_until <= v_now)
         AND v_ahead = 0 AND v_token < p_max_token AND v_floor < p_max_token
     ) THEN
+        IF v_ahead THEN
+            SELECT COUNT(*) INTO v_ahead FROM {ticket} AS q
+            WHERE q.lock_key = p_key AND q.id < p_ticket AND q.expires_at > v_now;
+        END IF;
         IF v_own THEN ROLLBACK; ELSE ROLLBACK TO SAVEPOINT coordination_acquire; END IF;
-        SELECT FALSE, v_id, v_token, v_holder,
-            NULL, v_expires, v_now, v_delay, v_delay_until, v_ahead,
-            NULL, NULL, NULL, NULL, NULL, v_floor;
+        SELECT FALSE AS granted, v_id AS lock_id, v_token AS token, v_holder AS holder,
+            NULL AS acquired_at, v_expires AS expires_at, v_now AS now,
+            v_delay AS lock_delay, v_delay_until AS delay_until, v_ahead AS ahead,
+            NULL AS grant_id, NULL AS prev_token, NULL AS prev_holder,
+            NULL AS prev_acquired_at, NULL AS prev_expires_at, v_floor AS token_floor;
         LEAVE body;
     END IF;
     IF v_holder <> '' THEN
@@ -131,9 +137,13 @@ body: BEGIN
         DELETE FROM {ticket} WHERE id = p_ticket;
     END IF;
     IF v_own THEN COMMIT; ELSE RELEASE SAVEPOINT coordination_acquire; END IF;
-    SELECT TRUE, v_id, v_new_token, p_holder, v_now, v_new_expires, v_now, p_delay, NULL, 0,
-        v_grant_id, IF(v_holder <> '', v_token, NULL), IF(v_holder <> '', v_holder, NULL),
-        IF(v_holder <> '', v_acquired, NULL), IF(v_holder <> '', v_expires, NULL), v_floor;
+    SELECT TRUE AS granted, v_id AS lock_id, v_new_token AS token, p_holder AS holder,
+        v_now AS acquired_at, v_new_expires AS expires_at, v_now AS now, p_delay AS lock_delay,
+        NULL AS delay_until, 0 AS ahead, v_grant_id AS grant_id,
+        IF(v_holder <> '', v_token, NULL) AS prev_token,
+        IF(v_holder <> '', v_holder, NULL) AS prev_holder,
+        IF(v_holder <> '', v_acquired, NULL) AS prev_acquired_at,
+        IF(v_holder <> '', v_expires, NULL) AS prev_expires_at, v_floor AS token_floor;
 END
 """
 
@@ -169,7 +179,9 @@ body: BEGIN
     SET v_now = UTC_TIMESTAMP(6);
     IF v_id IS NULL OR v_holder = '' OR v_token <> p_token OR v_hash <> p_hash THEN
         IF v_own THEN ROLLBACK; END IF;
-        SELECT FALSE, v_now, NULL, NULL, v_id, v_token, v_holder, v_hash, v_expires;
+        SELECT FALSE AS released, v_now AS now, NULL AS ended_at, NULL AS end_reason,
+            v_id AS lock_id, v_token AS token, v_holder AS holder, v_hash AS lease_hash,
+            v_expires AS expires_at;
         LEAVE body;
     END IF;
     SET v_expired = v_expires <= v_now;
@@ -182,8 +194,9 @@ body: BEGIN
             v_expires + INTERVAL ROUND(v_delay * 1000000) MICROSECOND, NULL)
     WHERE id = v_id;
     IF v_own THEN COMMIT; END IF;
-    SELECT TRUE, v_now, IF(v_expired, v_expires, v_now), IF(v_expired, 'expired', 'released'),
-        v_id, v_token, v_holder, v_hash, v_expires;
+    SELECT TRUE AS released, v_now AS now, IF(v_expired, v_expires, v_now) AS ended_at,
+        IF(v_expired, 'expired', 'released') AS end_reason, v_id AS lock_id, v_token AS token,
+        v_holder AS holder, v_hash AS lease_hash, v_expires AS expires_at;
 END
 """
 
