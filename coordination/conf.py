@@ -6,11 +6,12 @@ Defaults (override any key in your settings)::
         "DATABASE": "default",      # alias holding locks, grants and fences
         "GRANT_POINT": None,        # None or "auto": the database's own grant point
                                     # (PostgreSQL: PL/pgSQL functions, one call per
-                                    # acquire and release; SQLite: a transaction under
+                                    # acquire and release; MariaDB: stored procedures,
+                                    # the same; SQLite: a transaction under
                                     # BEGIN IMMEDIATE). "orm": the portable ORM
                                     # transaction with select_for_update, for a
-                                    # PostgreSQL database where the app may not
-                                    # create functions
+                                    # PostgreSQL or MariaDB database where the app may
+                                    # not create functions or procedures
         "DEFAULT_TTL": 30.0,        # seconds, when acquire() is given no ttl
         "MIN_TTL": 0.05,            # seconds; shorter leases are refused
         "MAX_TTL": 3600.0,          # seconds; longer leases are refused

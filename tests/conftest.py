@@ -141,6 +141,8 @@ def grant_points() -> list[tuple[str | None, str]]:
     """The grant-point backends of this run's database: (GRANT_POINT value, test id)."""
     if connection.vendor == "postgresql":
         return [(None, "functions"), ("orm", "orm")]
+    if connection.vendor == "mysql":
+        return [(None, "procedures"), ("orm", "orm")]
     return [(None, connection.vendor)]
 
 

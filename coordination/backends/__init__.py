@@ -10,8 +10,8 @@ PostgreSQL    PL/pgSQL functions (``postgresql``)    ORM ``select_for_update`` t
                                                      with LISTEN/NOTIFY wake-ups (``orm``)
 SQLite        ORM transaction under BEGIN IMMEDIATE  the same
               (``sqlite``)
-MariaDB,      ORM ``select_for_update`` transaction  the same
-MySQL         (``mysql``)
+MariaDB,      stored procedures (``mysql``)          ORM ``select_for_update`` transaction
+MySQL                                                (``orm``)
 other         ORM ``select_for_update`` (``orm``)    the same
 ============  =====================================  ====================================
 

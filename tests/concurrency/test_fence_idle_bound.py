@@ -141,8 +141,11 @@ def test_mariadbs_bound_is_the_grant_transactions_alone() -> None:
         during.append(mariadb_idle_setting())
         return original_now(point)
 
+    # A renewal is an ORM transaction on every MariaDB grant point (an acquire,
+    # a procedure call there, runs no statement of the client's inside it).
+    grant = locks.acquire("idle-mariadb", holder="a", ttl=30)
     with mock.patch.object(grant_points.GrantPoint, "now", now):
-        grant = locks.acquire("idle-mariadb", holder="a", ttl=30)
+        grant = locks.renew(grant, ttl=30)
     session, default = mariadb_idle_setting()
     assert during and during[0][0] == math.ceil(grant_points.IDLE_BOUND) != default
     assert session == default  # the caller's transactions keep the server's setting

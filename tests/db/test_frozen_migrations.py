@@ -1,10 +1,10 @@
 """Migrations are history: each runs the SQL of its own time, and ``migrate`` ends
-with exactly today's functions.
+with exactly today's functions (PostgreSQL) and procedures (MariaDB).
 
 The test database was made by ``migrate``, whose steps ran their frozen copies
-(``coordination.backends.postgresql.frozen``). Re-creating the functions with
-today's installer must change none of their definitions: if today's SQL moved
-on, a new migration must freeze and run it.
+(``coordination.backends.postgresql.frozen``, ``coordination.backends.mysql.frozen``).
+Re-creating the functions with today's installer must change none of their
+definitions: if today's SQL moved on, a new migration must freeze and run it.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from django.apps import apps
 from django.db import connection, router, transaction
 
 from coordination import watermarks
-from coordination.backends import dialect_of, postgresql, triggers
+from coordination.backends import dialect_of, mysql, postgresql, triggers
 from coordination.backends.postgresql.frozen import MIGRATION_SQL
 
 pytestmark = [pytest.mark.django_db]
@@ -126,3 +126,56 @@ def test_a_migration_goes_on_where_the_app_may_not_create_functions() -> None:
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")
         assert cursor.fetchone() == (1,)
+
+
+# --- MariaDB: the grant point's stored procedures ------------------------------------
+
+
+def procedures() -> dict[str, str]:
+    """Every stored procedure of the app in this database: name -> definition."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT ROUTINE_NAME FROM information_schema.ROUTINES"
+            " WHERE ROUTINE_SCHEMA = DATABASE() AND ROUTINE_NAME LIKE 'coordination\\_%'"
+        )
+        names = sorted(name for (name,) in cursor.fetchall())
+        found = {}
+        for name in names:
+            cursor.execute(f"SHOW CREATE PROCEDURE {connection.ops.quote_name(name)}")
+            found[name] = cursor.fetchone()[2]
+    return found
+
+
+@pytest.mark.django_db(transaction=True)  # CREATE PROCEDURE commits whatever is open
+@pytest.mark.legs("mariadb", reason="the grant point's stored procedures are MariaDB's")
+def test_migrate_ends_with_exactly_todays_procedures() -> None:
+    migrated = procedures()
+    assert set(migrated) == {"coordination_acquire", "coordination_release"}
+    mysql.install(connection)
+    assert procedures() == migrated
+
+
+@pytest.mark.legs("mariadb", reason="the grant point's stored procedures are MariaDB's")
+def test_todays_procedures_are_those_of_the_latest_migration_that_creates_them() -> None:
+    ran: list[str] = []
+
+    class Recorder:
+        ops = connection.ops
+
+        def cursor(self) -> Recorder:
+            return self
+
+        def __enter__(self) -> Recorder:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+        def execute(self, sql: str, *params: object) -> None:
+            ran.append(sql)
+
+    mysql.install(Recorder())  # type: ignore[arg-type]
+    frozen = dialect_of(connection).migration_sql
+    latest = [step for step, sql in frozen.items() if sql.functions]
+    assert latest[-1] == "0025_mariadb_grant_procedures"
+    assert tuple(ran) == frozen[latest[-1]].statements

@@ -1,5 +1,6 @@
 """The grant rule is written once in Python (``backends.base.grant_refusal`` and
-``next_token``); the PostgreSQL function's WHERE and SET are its SQL twin. Here every
+``next_token``); the PostgreSQL function's WHERE and SET, and the MariaDB
+procedure's IF, are its SQL twins. Here every
 backend of this database decides a grid of lock states (free, held, expired,
 lock-delay running or over, delay_until, fair-queue tickets, the last tokens, a key
 never granted) under a rising token floor (below, equal to and above the counters, up
@@ -66,13 +67,23 @@ def outcome(refusal: Exception | None) -> str:
 def one_attempt(key: str) -> str:
     """What this run's grant point decides for ``key``: one attempt, no retry."""
     backend = get_backend()
-    if backend.name == "postgresql":
-        from coordination.backends.postgresql import ACQUIRE, PostgreSQLGrantPoint
+    if backend.name in ("postgresql", "mysql"):
+        # The function's or the procedure's own decision, read from its row.
+        params = (key, "B", hash_lease_id("x"), 30.0, 0.0, MAX_TOKEN, MAX_TOKEN)
+        if backend.name == "postgresql":
+            from coordination.backends.postgresql import ACQUIRE, PostgreSQLGrantPoint
 
-        assert isinstance(backend, PostgreSQLGrantPoint)
-        row = backend.call(
-            ACQUIRE, (key, "B", hash_lease_id("x"), 30.0, 0.0, MAX_TOKEN, MAX_TOKEN)
-        )
+            assert isinstance(backend, PostgreSQLGrantPoint)
+            row = backend.call(ACQUIRE, params)
+        else:
+            from coordination.backends import mysql
+
+            assert isinstance(backend, mysql.MySQLGrantPoint)
+            row = backend.call(mysql.ACQUIRE, params)
+            row = tuple(
+                value.replace(tzinfo=dt.UTC) if isinstance(value, dt.datetime) else value
+                for value in row
+            )
         granted, _, token, holder, _, expires_at, now, delay, delay_until, ahead = row[:10]
         floor = row[-1]
         assert floor == TokenFloor.objects.value()  # the function read the floor that is set
@@ -92,7 +103,10 @@ def one_attempt(key: str) -> str:
 
 
 @pytest.mark.usefixtures("grant_point")
-@pytest.mark.legs("pg", "sqlite", reason="the grid checks SQL against Python; the LTS Django changes neither")
+@pytest.mark.legs(
+    "pg", "sqlite", "mariadb",
+    reason="the grid checks SQL against Python; the LTS Django changes neither",
+)
 def test_every_backend_decides_a_grid_of_lock_states_as_the_python_rule_does() -> None:
     now = locks.database_now()
     assert TokenFloor.objects.value() == 0

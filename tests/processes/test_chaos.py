@@ -188,7 +188,8 @@ def test_a_short_chaos_run_on_the_embedded_sqlite_default_keeps_the_contract(
 @pytest.mark.legs("mariadb", reason="MariaDB's own run; the PostgreSQL legs run the longer ones")
 @pytest.mark.django_db(transaction=True)
 def test_a_chaos_run_of_every_primitive_on_mariadb_keeps_the_contract() -> None:
-    # Locks, readers, permits and sets on the portable grant point, with the
+    # Locks, readers, permits and sets on MariaDB's grant point (its procedures
+    # for acquire and release, the ORM transaction for the rest), with the
     # watermark triggers in MariaDB's dialect at the resource.
     config = ChaosConfig(seconds=10, workers=4, keys=2, ttl=0.8, fault_interval=0.8,
                          faults=("pause", "kill"), primitives=True, extend_up_to=60)

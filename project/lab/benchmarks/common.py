@@ -123,6 +123,12 @@ def bench_database(
         base["OPTIONS"] = options
         _run_admin_sql(base, [f"DROP SCHEMA IF EXISTS {schema} CASCADE",
                               f"CREATE SCHEMA {schema}"])
+    elif vendor == "mysql":
+        # A database of its own (MariaDB's schemas are databases), dropped on exit.
+        from .mariadb import mariadb_database
+
+        own_database = mariadb_database(base, schema, keep=keep)
+        own_database.__enter__()
     else:
         name = str(base["NAME"])
         base["NAME"] = (name.rsplit(".", 1)[0] if "." in name else name) + "-bench.sqlite3"
@@ -159,6 +165,10 @@ def bench_database(
                     " ended_at timestamptz, UNIQUE (lock_key, token))"
                 )
                 cursor.execute("CREATE INDEX floor_grant_acquired ON floor_grant (acquired_at)")
+        if vendor == "mysql":
+            from .mariadb import create_floor_tables
+
+            create_floor_tables(alias)
         connections[alias].close()
         yield alias
     finally:
@@ -175,6 +185,8 @@ def bench_database(
                     f" WHERE application_name = '{schema}' AND pid <> pg_backend_pid()",
                     f"DROP SCHEMA IF EXISTS {schema} CASCADE",
                 ])
+            elif vendor == "mysql":
+                own_database.__exit__(None, None, None)
             else:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(str(base["NAME"]))
@@ -309,4 +321,8 @@ def machine() -> dict[str, Any]:
             info["postgresql"] = cursor.fetchone()[0]
             cursor.execute("SHOW fsync")
             info["fsync"] = cursor.fetchone()[0]
+    elif connection.vendor == "mysql":
+        from .mariadb import server_version
+
+        info["mariadb"], info["innodb_flush_log_at_trx_commit"] = server_version(connection)
     return info

@@ -44,6 +44,17 @@ def cycle_suite(config: BenchConfig, vendor: str, progress: Callable[[str], None
             "locks_orm": lambda hot: locks_client(hot, grant_point="orm"),
             "pg_advisory": advisory_client,
         }
+    elif vendor == "mysql":
+        from . import mariadb
+
+        systems = {
+            "raw_sql_floor": mariadb.floor_client,
+            "floor_with_history": lambda hot: mariadb.floor_client(hot, history=True),
+            "app_functions": mariadb.app_procedures_client,
+            **systems,
+            "locks_orm": lambda hot: locks_client(hot, grant_point="orm"),
+        }
+        skipped["pg_advisory"] = "PostgreSQL only; this run is on MariaDB"
     else:
         for name in ("raw_sql_floor", "floor_with_history", "app_functions", "pg_advisory"):
             skipped[name] = "PostgreSQL only; this run is on SQLite"

@@ -13,7 +13,7 @@ def table(results: dict[str, Any]) -> str:
     info = results["machine"]
     lines.append(
         f"machine: {info.get('cpu', '?')} x{info['cpus']}, Python {info['python']}, "
-        f"Django {info['django']}, {info['database']} {info.get('postgresql', '')}"
+        f"Django {info['django']}, {info['database']} {info.get('postgresql', info.get('mariadb', ''))}"
     )
     if results.get("note"):
         lines.append(results["note"])
@@ -277,7 +277,7 @@ def chart(results: dict[str, Any], path: str) -> None:
         axes[0][column].legend(fontsize="small")
     info = results["machine"]
     figure.suptitle(
-        f"coordination_bench: {info['database']} {info.get('postgresql', '')}, "
+        f"coordination_bench: {info['database']} {info.get('postgresql', info.get('mariadb', ''))}, "
         f"{info['cpus']} CPUs, {'quick run' if results.get('quick') else 'full run'}"
     )
     figure.tight_layout()

@@ -107,7 +107,13 @@ class Command(BaseCommand):
             "config": {k: v for k, v in vars(config).items() if k != "redis_url"},
             "quick": options["quick"],
         }
-        if vendor != "postgresql":
+        if vendor == "mysql":
+            results["note"] = (
+                "MariaDB run: the floors are MariaDB's SQL (project/lab/benchmarks/mariadb.py), "
+                "app_functions the app's stored procedures; the CPU, statement and row-count "
+                "runs need PostgreSQL."
+            )
+        elif vendor != "postgresql":
             results["note"] = (
                 "SQLite run: only the locks cycles and fenced_update apply; the raw SQL floor, "
                 "advisory locks and the row-count runs need PostgreSQL."
