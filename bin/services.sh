@@ -273,7 +273,8 @@ EOF
         if tail -n "+$((log_before + 1))" "$log" 2>/dev/null | grep -q "could not bind"; then
             info "PostgreSQL: port $COORDINATION_PG_PORT was taken while starting"
             # A data directory made for this attempt is not left behind.
-            ((fresh == 0)) || rm -rf -- "$_PG_ROOT"
+            # The refused postmaster may still be exiting: try the removal again.
+            ((fresh == 0)) || rm -rf -- "$_PG_ROOT" 2>/dev/null || { sleep 1; rm -rf -- "$_PG_ROOT"; }
             return 2
         fi
         tail -n 30 "$log" >&2 2>/dev/null
