@@ -204,7 +204,9 @@ _pg_choose_root() {
         return 0
     fi
     # The postgres user cannot reach the checkout (e.g. under /root): use a
-    # throwaway directory instead, removed when the cluster is stopped.
+    # throwaway directory instead, removed when the cluster is stopped. The
+    # directory made above is left only if it holds something (rmdir).
+    rmdir -- "$_PG_ROOT" 2>/dev/null || true
     _PG_ROOT=$(mktemp -d "${TMPDIR:-/tmp}/coordination-pg.XXXXXX")
     chmod 755 "$_PG_ROOT"
     chown postgres:postgres "$_PG_ROOT"
