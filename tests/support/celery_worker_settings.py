@@ -12,6 +12,13 @@ from project.settings import *  # noqa: F403
 from project.settings import DATABASES
 
 DATABASES["default"]["NAME"] = os.environ["COORDINATION_TEST_WORKER_DATABASE"]
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and os.environ.get(
+    "COORDINATION_TEST_WORKER_SESSION"
+):
+    # The test waits for these sessions to end once it has killed the worker.
+    DATABASES["default"].setdefault("OPTIONS", {})["application_name"] = os.environ[
+        "COORDINATION_TEST_WORKER_SESSION"
+    ]
 
 if os.environ.get("COORDINATION_TEST_WORKER_BROKER"):
     CELERY_BROKER_URL = os.environ["COORDINATION_TEST_WORKER_BROKER"]

@@ -26,6 +26,10 @@ from django.db import connection
 from tests.support.legs import missing_service
 
 REPO = Path(__file__).resolve().parents[2]
+#: How the database sessions of the workers started here are named (PostgreSQL).
+WORKER_SESSION_PREFIX = "coordination-test-worker:"
+#: Every worker started, until its sessions were seen to end.
+_started: list[Worker] = []
 
 
 def redis_url() -> str:
@@ -99,6 +103,8 @@ class Worker:
     queue: str
     process: subprocess.Popen[bytes]
     log: Path
+    #: The ``application_name`` of the worker's database sessions (PostgreSQL).
+    session_name: str = ""
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
@@ -128,6 +134,8 @@ def start_worker(
         env = {"COORDINATION_TEST_REDIS_PREFIX": broker.prefix, **env}
         broker = broker.url
     log = log_dir / f"{name}.log"
+    session_name = unique(f"{WORKER_SESSION_PREFIX}{name[:20]}")
+    env = {"COORDINATION_TEST_WORKER_SESSION": session_name, **env}
     command = [
         sys.executable, "-m", "celery", "-A", "project", "worker",
         "-P", pool, "-c", str(concurrency), "-Q", queue, "-n", f"{name}@%h",
@@ -138,7 +146,9 @@ def start_worker(
             command, cwd=REPO, env=worker_environment(broker, **env), stdin=subprocess.DEVNULL,
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )
-    return Worker(name=name, queue=queue, process=process, log=log)
+    worker = Worker(name=name, queue=queue, process=process, log=log, session_name=session_name)
+    _started.append(worker)
+    return worker
 
 
 def wait_ready(workers: Iterable[Worker], timeout: float = 90) -> None:
@@ -160,18 +170,27 @@ def wait_ready(workers: Iterable[Worker], timeout: float = 90) -> None:
 
 def wait_until_workers_disconnect(timeout: float = 15) -> None:
     """After killing workers: wait for their database sessions to end, so that
-    pytest can drop the test database at the end of the run (PostgreSQL only)."""
+    pytest can drop the test database at the end of the run (PostgreSQL only).
+
+    Only the sessions of workers whose process has ended are waited for: each
+    worker's sessions carry its own ``application_name``. The workers a module
+    keeps running, and this process's own connections, stay open meanwhile."""
     if connection.vendor != "postgresql":
         return
+    ended = [worker for worker in _started if worker.process.poll() is not None]
+    names = [worker.session_name for worker in ended]
     deadline = time.monotonic() + timeout
     with connection.cursor() as cursor:
-        while time.monotonic() < deadline:
+        while names and time.monotonic() < deadline:
             cursor.execute(
                 "SELECT count(*) FROM pg_stat_activity "
-                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                "WHERE datname = current_database() AND application_name = ANY(%s)",
+                [names],
             )
             (others,) = cursor.fetchone()
             if not others:
+                for worker in ended:
+                    _started.remove(worker)
                 return
             time.sleep(0.1)
 
