@@ -14,3 +14,11 @@ import os
 os.environ.setdefault("DJANGO_SECRET_KEY", "tests-only-secret-key-not-used-by-any-deployed-site")
 
 from project.settings import *  # noqa: F403
+from project.settings import DATABASES
+
+# A leg that shares its database server with another leg running beside it
+# (bin/test: the lts leg beside the pg leg) names a test database of its own.
+if os.environ.get("COORDINATION_TEST_DATABASE_NAME") and DATABASES["default"]["ENGINE"] != (
+    "django.db.backends.sqlite3"
+):
+    DATABASES["default"].setdefault("TEST", {})["NAME"] = os.environ["COORDINATION_TEST_DATABASE_NAME"]
