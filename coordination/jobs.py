@@ -68,8 +68,8 @@ from .models import (
 )
 
 __all__ = [
-    "Policy", "Running", "cap_name", "clear_cache", "declare_task", "executions_of", "known_tasks",
-    "pause", "permit_name", "policy_for", "rate_bucket", "record_execution", "report_tasks",
+    "HeldLeases", "Policy", "Running", "cap_name", "clear_cache", "declare_task", "executions_of",
+    "known_tasks", "pause", "permit_name", "policy_for", "rate_bucket", "record_execution", "report_tasks",
     "resume", "running", "tally", "template_refusal", "unknown_task",
 ]
 
@@ -248,8 +248,26 @@ def tally(task: str, outcome: JobOutcome | str, *, using: str | None = None) -> 
         logger.warning("job tally failed %s", LogFields(task=task, outcome=outcome, error=error))
 
 
+class HeldLeases:
+    """What an execution's record says it holds: its lock's key and its permits'."""
+
+    key: str
+    permit: str
+    cap_permit: str
+
+    @property
+    def permits(self) -> list[str]:
+        """The permits' lock keys it holds: ``max_running``'s, the cap per key's."""
+        return [key for key in (self.permit, self.cap_permit) if key]
+
+    @property
+    def keys(self) -> list[str]:
+        """Every lock key the execution holds: its lock's and its permits'."""
+        return [self.key, *self.permits]
+
+
 @dataclass(frozen=True)
-class Running:
+class Running(HeldLeases):
     """One execution of a task running now: its recorded start and its live grant."""
 
     task: str
@@ -262,16 +280,6 @@ class Running:
     expires_at: Any
     permit: str = ""
     cap_permit: str = ""
-
-    @property
-    def permits(self) -> list[str]:
-        """The permits' lock keys it holds: ``max_running``'s, the cap per key's."""
-        return [key for key in (self.permit, self.cap_permit) if key]
-
-    @property
-    def keys(self) -> list[str]:
-        """Every lock key the execution holds: its lock's and its permits'."""
-        return [self.key, *self.permits]
 
 
 def record_execution(

@@ -38,6 +38,7 @@ from .exceptions import LockHeld
 from .fenced.conditions import admitted_rows
 from .fenced.keys import lock_binding
 from .fencing import raise_fence_to_lock
+from .jobs import HeldLeases
 from .leases import Lease
 from .logfields import LogFields
 from .models import Execution, Fence, Lock
@@ -53,7 +54,7 @@ CLEAR_TTL = 30.0
 
 
 @dataclass(frozen=True)
-class Stranded:
+class Stranded(HeldLeases):
     """One stranded execution: what it recorded at its start, and its dead lease.
 
     ``last_renewal`` is when the lease was last extended: its end minus its
@@ -82,16 +83,6 @@ class Stranded:
         if self.ttl is None:
             return None
         return self.expired_at - dt.timedelta(seconds=self.ttl)
-
-    @property
-    def permits(self) -> list[str]:
-        """The permits' lock keys the execution holds: ``max_running``'s, the cap per key's."""
-        return [key for key in (self.permit, self.cap_permit) if key]
-
-    @property
-    def keys(self) -> list[str]:
-        """The lock keys the execution holds: its lock's, and its permits'."""
-        return [self.key, *self.permits]
 
 
 def stranded_executions(

@@ -8,14 +8,6 @@ class Migration(migrations.Migration):
     dependencies = [("coordination", "0025_mariadb_grant_procedures")]
 
     operations = [
-        migrations.AddField(
-            model_name="execution",
-            name="cap_permit_key",
-            field=models.CharField(blank=True, default="", max_length=200),
-        ),
-        migrations.AddField(
-            model_name="execution",
-            name="cap_permit_token",
-            field=models.BigIntegerField(blank=True, null=True),
-        ),
+        migrations.AddField("execution", "cap_permit_key", models.CharField(max_length=200, blank=True, default="")),
+        migrations.AddField("execution", "cap_permit_token", models.BigIntegerField(null=True, blank=True)),
     ]
