@@ -68,8 +68,8 @@ from .models import (
 )
 
 __all__ = [
-    "Policy", "Running", "cap_name", "clear_cache", "declare_task", "executions_of", "known_tasks",
-    "pause", "permit_name", "policy_for", "rate_bucket", "record_execution", "report_tasks",
+    "HeldLeases", "Policy", "Running", "cap_name", "clear_cache", "declare_task", "executions_of",
+    "known_tasks", "pause", "permit_name", "policy_for", "rate_bucket", "record_execution", "report_tasks",
     "resume", "running", "tally", "template_refusal", "unknown_task",
 ]
 
@@ -248,8 +248,26 @@ def tally(task: str, outcome: JobOutcome | str, *, using: str | None = None) -> 
         logger.warning("job tally failed %s", LogFields(task=task, outcome=outcome, error=error))
 
 
+class HeldLeases:
+    """What an execution's record says it holds: its lock's key and its permits'."""
+
+    key: str
+    permit: str
+    cap_permit: str
+
+    @property
+    def permits(self) -> list[str]:
+        """The permits' lock keys it holds: ``max_running``'s, the cap per key's."""
+        return [key for key in (self.permit, self.cap_permit) if key]
+
+    @property
+    def keys(self) -> list[str]:
+        """Every lock key the execution holds: its lock's and its permits'."""
+        return [self.key, *self.permits]
+
+
 @dataclass(frozen=True)
-class Running:
+class Running(HeldLeases):
     """One execution of a task running now: its recorded start and its live grant."""
 
     task: str
@@ -261,6 +279,7 @@ class Running:
     since: Any
     expires_at: Any
     permit: str = ""
+    cap_permit: str = ""
 
 
 def record_execution(
@@ -271,9 +290,11 @@ def record_execution(
     attempt: int,
     worker: str,
     permit: Any = None,
+    cap_permit: Any = None,
     using: str | None = None,
 ) -> None:
-    """Record that an execution of ``task`` started under ``grant`` (and ``permit``):
+    """Record that an execution of ``task`` started under ``grant`` (and ``permit``,
+    ``max_running``'s, and ``cap_permit``, the cap per key's):
     one INSERT, whose commit does not wait for its flush where the database
     allows (a crash may lose a record, never a grant). Never raises: a failure
     is logged, and the execution only goes unseen on the jobs page."""
@@ -284,6 +305,8 @@ def record_execution(
             lock_key=grant.key, token=grant.token,
             permit_key=permit.key if permit is not None else "",
             permit_token=permit.token if permit is not None else None,
+            cap_permit_key=cap_permit.key if cap_permit is not None else "",
+            cap_permit_token=cap_permit.token if cap_permit is not None else None,
             ttl=(grant.expires_at - grant.acquired_at).total_seconds(),
         )
         connection = connections[alias]
@@ -328,6 +351,7 @@ def running(task: str | None = None, *, using: str | None = None) -> list[Runnin
                 task=execution.task, key=key, token=token, holder=holder,
                 worker=execution.worker, task_id=execution.task_id, since=since,
                 expires_at=expires_at, permit=execution.permit_key,
+                cap_permit=execution.cap_permit_key,
             ))
     return found
 
@@ -338,11 +362,13 @@ def pause(
 ) -> tuple[JobPolicy, list[Grant]]:
     """Pause ``task`` (a policy row is created if there is none) and, with
     ``revoke_running``, revoke the leases of its running executions (their key
-    and their permit): their keep-alives find the lease lost and mark it so,
-    their later fenced writes are refused, and the next grant of each key
-    fences them out. ``may_revoke(key)`` (default: every key) filters the keys
-    revoked. A lease that changed hands between the read and the revoke is
-    revoked all the same: a revoke ends whoever holds the key then."""
+    and their permits, ``max_running``'s and the cap per key's; for a pattern,
+    those of the tasks whose policy in force it is): their keep-alives find the
+    lease lost and mark it so, their later fenced writes are refused, and the
+    next grant of each key fences them out. ``may_revoke(key)`` (default: every
+    key) filters the keys revoked. A lease that changed hands between the read
+    and the revoke is revoked all the same: a revoke ends whoever holds the key
+    then."""
     with transaction.atomic(using=app_settings.DATABASE):
         policy = (
             JobPolicy.objects.using(app_settings.DATABASE).select_for_update()
@@ -353,13 +379,29 @@ def pause(
             policy.save(changed_by=by, via=via)
     revoked: list[Grant] = []
     if revoke_running:
-        for execution in running(task):
-            for key in (execution.key, execution.permit):
-                if key and (may_revoke is None or may_revoke(key)):
+        for execution in _steered_by(task):
+            for key in execution.keys:
+                if may_revoke is None or may_revoke(key):
                     grant = locks.revoke(key)
                     if grant is not None:
                         revoked.append(grant)
     return policy, revoked
+
+
+def _steered_by(task: str) -> list[Running]:
+    """The running executions whose policy in force is ``task``'s: a pattern steers
+    the tasks it names that no exact policy or longer pattern claims."""
+    if not task.endswith(TASK_PATTERN_WILDCARD):
+        return running(task)
+    rows = JobPolicy.objects.using(app_settings.DATABASE)
+    patterns = [name[:-1] for name in rows.filter(task__endswith=TASK_PATTERN_WILDCARD)
+                .values_list("task", flat=True)]
+    found = [run for run in running() if run.task.startswith(task[:-1])]
+    exact = set(rows.filter(task__in={run.task for run in found}).values_list("task", flat=True))
+    return [
+        run for run in found if run.task not in exact
+        and max((p for p in patterns if run.task.startswith(p)), key=len, default="") == task[:-1]
+    ]
 
 
 def _new_policy(task: str) -> JobPolicy:

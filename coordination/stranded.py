@@ -18,14 +18,15 @@ dead lease and issues the next token; every watermark this database holds for
 the key (its Fence rows, the fenced document store's, and the FencedModel
 rows the key guards) is raised to that token, so a write of the dead token is
 refused as stale (``StaleToken``); then the operator's lease is released. The
-execution's permit (``max_running``), if it holds one, is cleared the same way.
+execution's permits (``max_running``'s and the cap per key's), if it holds any,
+are cleared the same way.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from django.core.exceptions import ValidationError
 from django.db import router
@@ -37,6 +38,7 @@ from .exceptions import LockHeld
 from .fenced.conditions import admitted_rows
 from .fenced.keys import lock_binding
 from .fencing import raise_fence_to_lock
+from .jobs import HeldLeases
 from .leases import Lease
 from .logfields import LogFields
 from .models import Execution, Fence, Lock
@@ -52,7 +54,7 @@ CLEAR_TTL = 30.0
 
 
 @dataclass(frozen=True)
-class Stranded:
+class Stranded(HeldLeases):
     """One stranded execution: what it recorded at its start, and its dead lease.
 
     ``last_renewal`` is when the lease was last extended: its end minus its
@@ -70,6 +72,8 @@ class Stranded:
     holder: str
     permit: str
     permit_token: int | None
+    cap_permit: str
+    cap_permit_token: int | None
     started_at: dt.datetime
     expired_at: dt.datetime
     ttl: float | None
@@ -79,11 +83,6 @@ class Stranded:
         if self.ttl is None:
             return None
         return self.expired_at - dt.timedelta(seconds=self.ttl)
-
-    @property
-    def keys(self) -> list[str]:
-        """The lock keys the execution holds: its lock's, and its permit's if any."""
-        return [self.key, *([self.permit] if self.permit else [])]
 
 
 def stranded_executions(
@@ -104,7 +103,8 @@ def stranded_executions(
         rows = rows.filter(pk__in=pks)
     found = rows.order_by("started_at", "id").values_list(
         "pk", "task", "task_id", "attempt", "worker", "lock_key", "token", "holder",
-        "permit_key", "permit_token", "started_at", "expired_at", "ttl",
+        "permit_key", "permit_token", "cap_permit_key", "cap_permit_token", "started_at",
+        "expired_at", "ttl",
     )[:limit]
     return [Stranded(*row) for row in found]
 
@@ -123,21 +123,30 @@ def holder_of(by: str) -> str:
 class Cleared:
     """What :func:`clear` did: the token every watermark of the key now stands at
     (the operator's, never used to write), how many watermarks it raised, and the
-    same for the permit (None: the execution held none, or it was taken meanwhile)."""
+    same for each permit, by its key (a permit a live holder took meanwhile is
+    not there)."""
 
     execution: Stranded
     token: int
     raised: int
-    permit_token: int | None = None
-    permit_raised: int = 0
+    permits: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    @property
+    def permit_token(self) -> int | None:
+        """The token ``max_running``'s permit is fenced at (None: not cleared)."""
+        return self.permits.get(self.execution.permit, (None, 0))[0]
+
+    @property
+    def cap_permit_token(self) -> int | None:
+        """The token the cap per key's permit is fenced at (None: not cleared)."""
+        return self.permits.get(self.execution.cap_permit, (None, 0))[0]
 
     @property
     def summary(self) -> str:
         """What was done, as the audit trail records it."""
         execution = self.execution
-        permit = (
-            f"; its permit {execution.permit} fenced at token {self.permit_token}"
-            if self.permit_token is not None else ""
+        permit = "".join(
+            f"; its permit {key} fenced at token {token}" for key, (token, _) in self.permits.items()
         )
         return (
             f"Cleared the stranded execution {execution.task}[{execution.task_id}]"
@@ -165,13 +174,12 @@ def clear(execution: Stranded, *, by: str, using: str | None = None) -> Cleared 
         raised = raise_watermarks(execution.key, lease.token, using=alias)
     finally:
         locks.release(lease, using=alias)
-    permit_token, permit_raised = None, 0
-    if execution.permit:
-        permit = _take_over(None, execution.permit, by, alias)
+    permits: dict[str, tuple[int, int]] = {}
+    for key in execution.permits:
+        permit = _take_over(None, key, by, alias)
         if permit is not None:
             try:
-                permit_token = permit.token
-                permit_raised = raise_watermarks(execution.permit, permit.token, using=alias)
+                permits[key] = (permit.token, raise_watermarks(key, permit.token, using=alias))
             finally:
                 locks.release(permit, using=alias)
     logger.warning(
@@ -182,7 +190,7 @@ def clear(execution: Stranded, *, by: str, using: str | None = None) -> Cleared 
             fenced_at=lease.token, raised=raised, by=by,
         ),
     )
-    return Cleared(execution, lease.token, raised, permit_token, permit_raised)
+    return Cleared(execution, lease.token, raised, permits)
 
 
 def _take_over(execution: Stranded | None, key: str, by: str, alias: str) -> Lease | None:

@@ -11,6 +11,7 @@ recorded.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django.contrib import admin
@@ -51,58 +52,55 @@ def _reconcile(request: HttpRequest, call: OutboxCall) -> Done | None:
     return Done(call, f"Marked reconciled by {by} (was {previous}); recorded sent, never sent again.")
 
 
-RETRY = OperatorAction[OutboxCall](
-    permission="relay_outboxcall",
-    keys=lambda call: [call.lock_key],
-    run=_retry,
-    rule="write",
-    report=counted(
-        ngettext_lazy(
-            "%(count)d call set to pending; the relay sends it again with the same idempotency key.",
-            "%(count)d calls set to pending; the relay sends them again with the same idempotency keys.",
-            "count",
-        ),
-        ngettext_lazy(
-            "%(count)d call was not failed or needing reconciliation; left as it was.",
-            "%(count)d calls were not failed or needing reconciliation; left as they were.", "count",
-        ),
+_LEFT = ngettext_lazy(
+    "%(count)d call was not failed or needing reconciliation; left as it was.",
+    "%(count)d calls were not failed or needing reconciliation; left as they were.", "count",
+)
+
+
+def _action(
+    run: Callable[[HttpRequest, OutboxCall], Done | None], done: Any,
+    title: tuple[Any, Any], explanation: Any, button: Any,
+) -> OperatorAction[OutboxCall]:
+    """An action on chosen calls: the relay permission and ``write`` on every call's
+    key, a confirmation page listing them, and how many moved (``done``) or were left."""
+    return OperatorAction[OutboxCall](
+        permission="relay_outboxcall", keys=lambda call: [call.lock_key], run=run, rule="write",
+        report=counted(done, _LEFT), title=title, explanation=explanation, button=button,
+        headers=_HEADERS, row=_row,
+    )
+
+
+RETRY = _action(
+    _retry,
+    ngettext_lazy(
+        "%(count)d call set to pending; the relay sends it again with the same idempotency key.",
+        "%(count)d calls set to pending; the relay sends them again with the same idempotency keys.",
+        "count",
     ),
-    title=(_("Retry this call?"), _("Retry calls?")),
-    explanation=_(
+    (_("Retry this call?"), _("Retry calls?")),
+    _(
         "The calls go back to pending, with one more attempt allowed, and the relay sends "
         "them again with the idempotency key they were recorded with: a receiver that keeps "
         "the keys applies each call once. Only failed calls and calls needing reconciliation "
         "are retried."
     ),
-    button=_("Yes, retry"),
-    headers=_HEADERS,
-    row=_row,
+    _("Yes, retry"),
 )
 
-RECONCILE = OperatorAction[OutboxCall](
-    permission="relay_outboxcall",
-    keys=lambda call: [call.lock_key],
-    run=_reconcile,
-    rule="write",
-    report=counted(
-        ngettext_lazy(
-            "%(count)d call marked reconciled; it is recorded sent and never sent again.",
-            "%(count)d calls marked reconciled; they are recorded sent and never sent again.",
-            "count",
-        ),
-        ngettext_lazy(
-            "%(count)d call was not failed or needing reconciliation; left as it was.",
-            "%(count)d calls were not failed or needing reconciliation; left as they were.", "count",
-        ),
+RECONCILE = _action(
+    _reconcile,
+    ngettext_lazy(
+        "%(count)d call marked reconciled; it is recorded sent and never sent again.",
+        "%(count)d calls marked reconciled; they are recorded sent and never sent again.",
+        "count",
     ),
-    title=(_("Mark this call reconciled?"), _("Mark calls reconciled?")),
-    explanation=_(
+    (_("Mark this call reconciled?"), _("Mark calls reconciled?")),
+    _(
         "You checked at the receiver that these calls took effect. They are recorded sent, "
         "with your name in their note, and the relay never sends them again."
     ),
-    button=_("Yes, mark reconciled"),
-    headers=_HEADERS,
-    row=_row,
+    _("Yes, mark reconciled"),
 )
 
 

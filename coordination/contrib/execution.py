@@ -199,7 +199,8 @@ class _Execution(_Limits):
         if self.name is not None and self.grant is not None:
             jobs.record_execution(
                 self.name, self.grant, task_id=self.task_id, attempt=self.attempt,
-                worker=f"{socket.gethostname()}:{os.getpid()}", permit=self.permit, using=self.using,
+                worker=f"{socket.gethostname()}:{os.getpid()}", permit=self.permit,
+                cap_permit=self.cap_permit, using=self.using,
             )
 
 

@@ -323,7 +323,7 @@ class ExecutionQuerySet(models.QuerySet["Execution"]):
 class Execution(models.Model):
     """One execution of a fenced task, recorded by the task itself when its grant
     was taken: which task, which message and attempt, which worker, under which
-    grant (and permit). What the jobs page calls running comes from these rows
+    grant (and permits). What the jobs page calls running comes from these rows
     and the grant's lease, never from a holder name a client may choose.
 
     Written once per execution, right after its acquire (never raising: a task
@@ -338,6 +338,9 @@ class Execution(models.Model):
     token = models.BigIntegerField()
     permit_key = models.CharField(max_length=KEY_MAX_LENGTH, blank=True, default="")
     permit_token = models.BigIntegerField(null=True, blank=True)
+    # The permit of the policy's cap per key (``key_cap``), beside ``max_running``'s.
+    cap_permit_key = models.CharField(max_length=KEY_MAX_LENGTH, blank=True, default="")
+    cap_permit_token = models.BigIntegerField(null=True, blank=True)
     started_at = models.DateTimeField(db_default=Now())
     # The lease's length when it was granted; the keep-alive renews to the same
     # length, so a lease that ends at E was last renewed at E - ttl.

@@ -86,9 +86,10 @@ class FencedS3Storage(S3Storage):  # type: ignore[misc]  # django-storages is un
       ``If-None-Match`` on PUT and ``If-Match`` on DELETE. Set it to False for a
       store that does not, and the system check refuses to start
       (``coordination.E101``) instead of leaving writes unfenced.
-    - ``probe_at_check`` (default False): the system check also
-      writes a probe object and makes sure the store refuses a failed
-      precondition (one request per check run).
+    - ``probe_at_check``: True, the system check also writes a probe object
+      and makes sure the store refuses a failed precondition (a few requests
+      per check run); left out, only ``manage.py check --deploy`` does; False,
+      never.
     - ``max_attempts`` (default 20): conditional writes lost to a concurrent
       writer before giving up with ``StoreUnavailable``.
     - ``using``: the database alias the rejections are recorded in (default

@@ -15,8 +15,10 @@ from django.db import connections
 from coordination import jobs, locks, signals
 from coordination.contrib.celery import fenced_task
 from coordination.contrib.execution import FencedExecution, Skipped, current_execution
-from coordination.exceptions import InvalidInput, LeaseLost, LockHeld
+from coordination.exceptions import InvalidInput, LeaseLost, LockHeld, StaleToken
+from coordination.fencing import fence
 from coordination.models import (
+    Fence,
     Grant,
     GrantEnd,
     JobPolicy,
@@ -223,6 +225,76 @@ def test_pause_and_revoke_ends_the_leases_of_running_executions() -> None:
     assert jobs.running(long.name) == []
 
 
+def test_pause_and_revoke_frees_the_cap_per_key_permit_at_once_and_refuses_its_late_write() -> None:
+    """An execution holding its customer's only cap permit is paused and revoked: the
+    slot is granted again at once (its 30 s lease is far from over), the next holder
+    writes through it, and the paused copy's later write under the slot is refused."""
+    entered, leave = threading.Event(), threading.Event()
+    outcome: list[str] = []
+
+    @fenced_task(lock="export:{customer}", ttl=30, name=report.name + "_capped")
+    def capped(customer: str) -> None:
+        execution = current_execution()
+        assert execution is not None and execution.cap_permit is not None
+        slot = execution.cap_permit
+        with fence(f"exports:{customer}", slot):  # a resource its cap slot guards
+            pass
+        entered.set()
+        leave.wait(20)
+        try:
+            with fence(f"exports:{customer}", slot):
+                outcome.append("written")
+        except (StaleToken, LeaseLost) as refused:
+            outcome.append(refused.code)
+
+    policy(task=capped.name, key_cap=1, cap_key="{customer}")
+    runner = in_thread(lambda: capped("7"))
+    assert entered.wait(10)
+    [running] = jobs.running(capped.name)
+    assert running.cap_permit == f"{jobs.cap_name(capped.name, '7')}@1"
+
+    _, revoked = jobs.pause(capped.name, by="operator", revoke_running=True)
+
+    assert {grant.lock.key for grant in revoked} == {"export:7", running.cap_permit}
+    after = acquire_permit(jobs.cap_name(capped.name, "7"), limit=1, holder="the next copy", ttl=30)
+    with fence("exports:7", after):
+        pass
+    leave.set()
+    runner.join(20)
+    assert outcome in (["stale_token"], ["lease_lost"])
+    assert Fence.objects.get(resource="exports:7").token == after.token
+    assert jobs.running(capped.name) == []
+
+
+def test_pause_and_revoke_of_a_pattern_ends_the_executions_it_steers_only() -> None:
+    """``billing.*`` paused and revoked: the running execution of a task the pattern
+    steers is revoked; one whose own exact policy is in force keeps running."""
+    entered, leave = threading.Event(), threading.Event()
+
+    def holding(suffix: str) -> Any:
+        @fenced_task(lock=f"{suffix}:{{n}}", ttl=30, name=f"{report.name}_p{suffix}")
+        def body(n: int) -> None:
+            entered.set()
+            leave.wait(20)
+
+        return body
+
+    steered, own = holding("a"), holding("b")
+    policy(task=f"{report.name}_p*", max_running=5)
+    policy(task=own.name)
+    runners = [in_thread(lambda: steered(1)), in_thread(lambda: own(1))]
+    wait_for(lambda: len(jobs.running(steered.name) + jobs.running(own.name)) == 2, timeout=10,
+             what="both executions running")
+
+    _, revoked = jobs.pause(f"{report.name}_p*", by="operator", revoke_running=True)
+
+    assert {grant.lock.key.partition("@")[0] for grant in revoked} == {"a:1", f"task:{steered.name}"}
+    assert [run.key for run in jobs.running(own.name)] == ["b:1"]
+    leave.set()
+    for runner in runners:
+        runner.join(20)
+
+
 def test_a_lost_permit_marks_the_executions_grant_lost_so_its_writes_are_refused() -> None:
     """Another execution took the permit over (here: it was revoked, as the end of
     a paused holder's lease would let happen): the permit's keep-alive marks the
@@ -322,6 +394,16 @@ def test_the_django_tasks_twin_skips_a_paused_task_and_caps_it_like_celery() -> 
     assert twin_report.enqueue("h").return_value["reason"] == "lock_held"
     locks.release(elsewhere)
     assert twin_report.enqueue("h").return_value == "h" and ran == ["h"]
+
+
+@needs_django_tasks
+def test_the_django_tasks_twin_takes_a_cap_per_key_permit_like_celery() -> None:
+    policy(task=TWIN, key_cap=1, cap_key="{name}", on_busy="skip")
+    elsewhere = acquire_permit(jobs.cap_name(TWIN, "h"), limit=1, holder="another run", ttl=30)
+    assert twin_report.enqueue("h").return_value["reason"] == "lock_held"
+    assert twin_report.enqueue("i").return_value == "i"  # another key: a cap of its own
+    locks.release(elsewhere)
+    assert twin_report.enqueue("h").return_value == "h" and ran == ["i", "h"]
 
 
 @needs_django_tasks

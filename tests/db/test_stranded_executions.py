@@ -6,6 +6,7 @@ the permissions and access rules of a revoke."""
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import replace
 from decimal import Decimal
 from typing import Any
 
@@ -57,14 +58,19 @@ def operator() -> Client:
     return staff("operator", "view_jobpolicy", "view_grant", "revoke_lock")
 
 
-def lost_execution(key: str, *, task: str = TASK, ttl: float = TTL, permit: bool = False) -> Lease:
+def lost_execution(
+    key: str, *, task: str = TASK, ttl: float = TTL, permit: bool = False, cap: str = ""
+) -> Lease:
     """An execution as the decorator records it, whose worker then dies: its lease
-    is never renewed nor released. Returns the dead lease, expired by the database clock."""
+    is never renewed nor released. Returns the dead lease, expired by the database
+    clock (and its permits': ``max_running``'s, and with ``cap`` one of that cap's)."""
     holder = f"{task}[id-7]#2 on worker-host:4242"
     grant = locks.acquire(key, holder=holder, ttl=ttl)
     slot = acquire_permit(jobs.permit_name(task), limit=2, holder=holder, ttl=ttl) if permit else None
-    jobs.record_execution(task, grant, task_id="id-7", attempt=2, worker="worker-host:4242", permit=slot)
-    wait_until_database_time_passes(max(grant.expires_at, slot.expires_at if slot else grant.expires_at))
+    capped = acquire_permit(cap, limit=2, holder=holder, ttl=ttl) if cap else None
+    jobs.record_execution(task, grant, task_id="id-7", attempt=2, worker="worker-host:4242", permit=slot,
+                          cap_permit=capped)
+    wait_until_database_time_passes(max(lease.expires_at for lease in (grant, slot, capped) if lease))
     return grant
 
 
@@ -148,6 +154,27 @@ def test_clearing_also_fences_the_permit_out() -> None:
 
     assert cleared is not None and cleared.permit_token == found.permit_token + 1  # type: ignore[operator]
     assert not Lock.objects.get(key=found.permit).holder
+
+
+def test_clearing_also_fences_the_cap_per_key_permit_out() -> None:
+    """The permit of a cap per key is a lease the execution holds too: a resource its
+    slot guards refuses the dead copy's token once cleared."""
+    dead = lost_execution("account:13", permit=True, cap="cap:billing.settle:7")
+    (found,) = stranded.stranded_executions()
+    assert found.cap_permit.startswith("cap:billing.settle:7@") and found.cap_permit_token is not None
+    assert found.keys == ["account:13", found.permit, found.cap_permit]
+    slot = replace(dead, key=found.cap_permit, token=found.cap_permit_token)  # the copy's cap permit
+    with fence("exports:7", slot):  # it wrote under its slot before it was lost
+        pass
+
+    cleared = stranded.clear(found, by="alice")
+
+    assert cleared is not None and cleared.cap_permit_token == found.cap_permit_token + 1
+    assert cleared.permit_token == found.permit_token + 1  # type: ignore[operator]
+    assert f"its permit {found.cap_permit} fenced at token {cleared.cap_permit_token}" in cleared.summary
+    with pytest.raises(StaleToken), fence("exports:7", slot):
+        pass
+    assert not Lock.objects.get(key=found.cap_permit).holder
 
 
 def test_clearing_leaves_a_key_a_worker_took_again_meanwhile() -> None:
@@ -268,7 +295,7 @@ def test_rest_lists_and_clears_with_the_permissions_and_rules_of_a_revoke() -> N
     assert [row["key"] for row in everything.json()["results"]] == ["tenant-a:2", "tenant-b:2"]
     (mine,) = clearing.get("/api/executions/stranded/").json()["results"]
     assert (mine["task"], mine["token"], mine["worker"]) == ("tenant-a.sync", dead.token, "worker-host:4242")
-    assert mine["last_renewal"] is not None
+    assert mine["last_renewal"] is not None and (mine["permit"], mine["cap_permit"]) == ("", "")
     other = next(row["id"] for row in everything.json()["results"] if row["key"] == "tenant-b:2")
 
     assert client_for(make_user()).get("/api/executions/stranded/").status_code == 403
@@ -281,6 +308,7 @@ def test_rest_lists_and_clears_with_the_permissions_and_rules_of_a_revoke() -> N
 
     assert done.status_code == 200, done.content
     assert done.json()["token"] == dead.token + 1
+    assert (done.json()["permit_token"], done.json()["cap_permit_token"]) == (None, None)
     again = clearing.post(f"/api/executions/stranded/{mine['id']}/clear")
     assert (again.status_code, again.json()["code"]) == (404, "not_found")
     entry = LogEntry.objects.get()

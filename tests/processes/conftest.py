@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
-from tests.support.celery_workers import RedisBroker, wait_until_other_sessions_idle
+from tests.support.celery_workers import (
+    RedisBroker,
+    Worker,
+    start_worker,
+    unique,
+    wait_ready,
+    wait_until_other_sessions_idle,
+    wait_until_workers_disconnect,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -29,3 +38,42 @@ def broker() -> Iterator[RedisBroker]:
     fresh = RedisBroker.fresh()
     yield fresh
     fresh.clean()
+
+
+@pytest.fixture(scope="module")
+def start_workers(
+    django_db_setup: None, django_db_blocker: Any, request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Callable[..., Worker]]:
+    """Start real ``celery worker`` processes for the module's tests.
+
+    ``start_workers(name, **options)`` starts one on a queue of its own
+    (``queue=`` to share one) on the module's Redis broker (``embedded=True``:
+    the site's own broker, the embedded default's filesystem one), with
+    :func:`~tests.support.celery_workers.start_worker`'s options (pool,
+    concurrency, environment), and returns it once it is ready
+    (``ready=False``: at once, to wait for several with ``wait_ready``). All are
+    stopped with SIGKILL after the module's tests, and their database sessions
+    waited out.
+    """
+    logs = tmp_path_factory.mktemp("worker-logs")
+    started: list[Worker] = []
+
+    def start(
+        name: str, *, queue: str | None = None, embedded: bool = False, ready: bool = True,
+        **options: Any,
+    ) -> Worker:
+        broker = None if embedded else request.getfixturevalue("broker")
+        worker = start_worker(name, queue or unique(name), logs, broker=broker, **options)
+        started.append(worker)
+        if ready:
+            wait_ready([worker])
+        return worker
+
+    try:
+        yield start
+    finally:
+        for worker in started:
+            worker.stop()
+        with django_db_blocker.unblock():
+            wait_until_workers_disconnect()

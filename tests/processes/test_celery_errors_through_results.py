@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -21,10 +21,7 @@ from tests.support import celery_result_tasks as tasks
 from tests.support.celery_workers import (
     RedisBroker,
     Worker,
-    start_worker,
     unique,
-    wait_ready,
-    wait_until_workers_disconnect,
 )
 
 pytestmark = [
@@ -45,30 +42,14 @@ def results(broker: RedisBroker) -> Any:
 
 
 @pytest.fixture(scope="module")
-def worker(
-    django_db_setup: None,
-    django_db_blocker: Any,
-    broker: RedisBroker,
-    results: Any,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[Worker]:
-    started = start_worker(
+def worker(start_workers: Callable[..., Worker], broker: RedisBroker, results: Any) -> Worker:
+    return start_workers(
         "results",
-        unique("results"),
-        tmp_path_factory.mktemp("worker-logs"),
-        broker=broker,
         # The site's settings read the result backend from the environment, and
         # `celery worker` reads --include from CELERY_WORKER_INCLUDE.
         CELERY_RESULT_BACKEND=broker.url,
         CELERY_WORKER_INCLUDE=tasks.__name__,
     )
-    try:
-        wait_ready([started])
-        yield started
-    finally:
-        started.stop()
-        with django_db_blocker.unblock():
-            wait_until_workers_disconnect()
 
 
 def run(task: Any, worker: Worker, broker: RedisBroker, results: Any, *args: object) -> AsyncResult:

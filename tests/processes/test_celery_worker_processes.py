@@ -9,7 +9,7 @@ import datetime as dt
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from tests.support.celery_workers import (
     RedisBroker,
     Worker,
     events,
+    publish,
     start_worker,
     unique,
     wait_for_event,
@@ -51,37 +52,15 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def workers(
-    django_db_setup: None,
-    django_db_blocker: Any,
-    broker: RedisBroker,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[dict[str, Worker]]:
+def workers(start_workers: Callable[..., Worker]) -> dict[str, Worker]:
     """A solo, a prefork and a threads worker, each on a queue of its own."""
-    log_dir = tmp_path_factory.mktemp("worker-logs")
     started = {
-        "solo": start_worker("solo", unique("solo"), log_dir, broker=broker),
-        "prefork": start_worker(
-            "prefork", unique("prefork"), log_dir, broker=broker, pool="prefork", concurrency=2
-        ),
-        "threads": start_worker(
-            "threads", unique("threads"), log_dir, broker=broker, pool="threads", concurrency=2
-        ),
+        "solo": start_workers("solo", ready=False),
+        "prefork": start_workers("prefork", pool="prefork", concurrency=2, ready=False),
+        "threads": start_workers("threads", pool="threads", concurrency=2, ready=False),
     }
-    try:
-        wait_ready(started.values())
-        yield started
-    finally:
-        for worker in started.values():
-            worker.stop()
-        with django_db_blocker.unblock():
-            wait_until_workers_disconnect()
-
-
-def send(task: object, queue: str, broker: RedisBroker, *args: object, **options: object) -> None:
-    kwargs = options.pop("kwargs", {})
-    with broker.connection() as conn:
-        task.apply_async(args, kwargs, queue=queue, connection=conn, **options)  # type: ignore[attr-defined]
+    wait_ready(started.values())
+    return started
 
 
 def balance(account: Account) -> Decimal:
@@ -100,13 +79,13 @@ def test_sigstop_timeline_late_worker_is_rejected_and_newer_balance_stays(
     pause = tmp_path / "pause-a"
     pause.touch()
 
-    send(tasks.deposit_plain_lease, a.queue, broker, account.pk, "10",
+    publish(tasks.deposit_plain_lease, a.queue, broker, account.pk, "10",
          kwargs={"report": str(report), "pause_once": str(pause)})
     t0 = wait_for_event(report, lambda e: e["event"] == "acquired", workers=[a])
     with paused(t0["pid"]):  # t1: A stops, holding token n, having read 100
         wait_until_database_time_passes(dt.datetime.fromisoformat(t0["expires_at"]), margin=0.2)  # t2
 
-        send(tasks.deposit_plain_lease, b.queue, broker, account.pk, "50", kwargs={"report": str(report)})
+        publish(tasks.deposit_plain_lease, b.queue, broker, account.pk, "50", kwargs={"report": str(report)})
         t3 = wait_for_event(report, lambda e: e["event"] == "written", workers=[b])
         assert t3["token"] == t0["token"] + 1
     # t4: A resumes
@@ -143,7 +122,7 @@ def test_redelivered_copy_of_one_task_id_gets_its_own_token_and_only_the_newest_
         pause.touch()
         task_id = unique("one-task-id")
 
-        send(tasks.deposit, queue, broker, account.pk, "10", task_id=task_id,
+        publish(tasks.deposit, queue, broker, account.pk, "10", task_id=task_id,
              kwargs={"report": str(report), "pause_once": str(pause)})
         first = wait_for_event(report, lambda e: e["event"] == "acquired", workers=pair)
         with paused(first["pid"]):
@@ -177,7 +156,7 @@ def test_keepalive_holds_its_lease_across_more_than_two_ttls(
     account = AccountFactory(balance=Decimal("100.00"))
     report = tmp_path / "events.jsonl"
     hold = 2 * tasks.KEEPALIVE_TTL + 1
-    send(tasks.deposit, worker.queue, broker, account.pk, "5",
+    publish(tasks.deposit, worker.queue, broker, account.pk, "5",
          kwargs={"report": str(report), "hold": hold})
     started = wait_for_event(report, lambda e: e["event"] == "acquired", workers=[worker])
     key = f"account:{account.pk}"
@@ -215,20 +194,20 @@ def test_keepalive_thread_starts_only_for_a_body_still_running_when_its_renewal_
             timeout=timeout, workers=[worker],
         )
 
-    send(tasks.keepalive_threads, worker.queue, broker, name, kwargs={"report": str(report)})
+    publish(tasks.keepalive_threads, worker.queue, broker, name, kwargs={"report": str(report)})
     short = threads_of(name)
     # The ttl is 30 s: the keep-alive's thread is due 5 s after the acquire, and
     # the body looked at once.
     assert short["own"] not in short["at_start"], short
     long_name = unique("long")
-    send(tasks.keepalive_threads, worker.queue, broker, long_name,
+    publish(tasks.keepalive_threads, worker.queue, broker, long_name,
          kwargs={"report": str(report), "until_kept_alive": True})
     long = threads_of(long_name, timeout=90)
     assert long["own"] not in long["at_start"], long
     assert long["own"] in long["later"], long  # started while the body still ran
     assert "coordination-keepalive-starter" in long["later"], long
     after = unique("after")
-    send(tasks.keepalive_threads, worker.queue, broker, after, kwargs={"report": str(report)})
+    publish(tasks.keepalive_threads, worker.queue, broker, after, kwargs={"report": str(report)})
     assert long["own"] not in threads_of(after)["at_start"]  # stopped and joined at the end
     for key, token in ((f"threads:{name}", short["token"]), (f"threads:{long_name}", long["token"])):
         wait_until_free(key)
@@ -243,7 +222,7 @@ def test_keepalive_marks_the_grant_lost_after_a_pause_past_its_lease_and_later_w
     report = tmp_path / "events.jsonl"
     pause = tmp_path / "pause"
     pause.touch()
-    send(tasks.deposit, worker.queue, broker, account.pk, "5",
+    publish(tasks.deposit, worker.queue, broker, account.pk, "5",
          kwargs={"report": str(report), "pause_once": str(pause)})
     started = wait_for_event(report, lambda e: e["event"] == "acquired", workers=[worker])
 
@@ -275,8 +254,8 @@ def test_every_exit_path_releases_its_own_lease(
     report = tmp_path / "events.jsonl"
     for path in EXIT_PATHS:
         options: dict[str, object] = {"soft_time_limit": 1} if path == "soft_time_limit" else {}
-        send(tasks.exit_path, worker.queue, broker, path, kwargs={"report": str(report)}, **options)
-    send(tasks.exit_by_autoretry, worker.queue, broker, "autoretry", kwargs={"report": str(report)})
+        publish(tasks.exit_path, worker.queue, broker, path, kwargs={"report": str(report)}, **options)
+    publish(tasks.exit_by_autoretry, worker.queue, broker, "autoretry", kwargs={"report": str(report)})
     expected = {path: 1 for path in EXIT_PATHS} | {"retry": 2, "autoretry": 2}
 
     deadline = time.monotonic() + 40
@@ -314,7 +293,7 @@ def test_sigkilled_worker_recovers_by_lease_expiry_without_cleanup(
     report = tmp_path / "events.jsonl"
     pause = tmp_path / "pause"
     pause.touch()
-    send(tasks.deposit_long_lease, worker.queue, broker, account.pk, "7",
+    publish(tasks.deposit_long_lease, worker.queue, broker, account.pk, "7",
          kwargs={"report": str(report), "pause_once": str(pause)})
     killed = wait_for_event(report, lambda e: e["event"] == "acquired", workers=[worker])
     os.kill(killed["pid"], signal.SIGKILL)
@@ -344,9 +323,9 @@ def test_a_copy_of_the_same_task_id_backs_off_while_its_previous_execution_holds
     pause.touch()
     task_id = unique("same-id")
     arguments = {"report": str(report), "pause_once": str(pause)}
-    send(tasks.deposit, worker.queue, broker, account.pk, "7", task_id=task_id, kwargs=arguments)
+    publish(tasks.deposit, worker.queue, broker, account.pk, "7", task_id=task_id, kwargs=arguments)
     first = wait_for_event(report, lambda e: e["event"] == "acquired", workers=[worker])
-    send(tasks.deposit, worker.queue, broker, account.pk, "7", task_id=task_id, kwargs=arguments)
+    publish(tasks.deposit, worker.queue, broker, account.pk, "7", task_id=task_id, kwargs=arguments)
     retry = wait_for_event(report, lambda e: e["event"] == "retry", workers=[worker])
     (tmp_path / "pause.go").touch()
 
@@ -378,8 +357,8 @@ def test_grant_context_does_not_leak_into_the_next_task_on_the_same_process(
     worker = workers["solo"]
     account = AccountFactory()
     report = tmp_path / "events.jsonl"
-    send(tasks.deposit, worker.queue, broker, account.pk, "1", kwargs={"report": str(report)})
-    send(tasks.current_grant_of_process, worker.queue, broker, kwargs={"report": str(report)})
+    publish(tasks.deposit, worker.queue, broker, account.pk, "1", kwargs={"report": str(report)})
+    publish(tasks.current_grant_of_process, worker.queue, broker, kwargs={"report": str(report)})
     observed = wait_for_event(report, lambda e: e["event"] == "observed", workers=[worker])
     written = next(e for e in events(report) if e["event"] == "written")
 
@@ -395,10 +374,10 @@ def test_supersede_runs_only_the_latest_enqueue_and_acks_the_others_unrun(
     report = tmp_path / "events.jsonl"
     gate = tmp_path / "gate"
     gate.touch()
-    send(tasks.wait_at, worker.queue, broker, str(gate), kwargs={"report": str(report)})
+    publish(tasks.wait_at, worker.queue, broker, str(gate), kwargs={"report": str(report)})
     wait_for_event(report, lambda e: e["event"] == "waiting", workers=[worker])
     for version in (1, 2, 3):
-        send(tasks.rebuild_digest, worker.queue, broker, "daily", version,
+        publish(tasks.rebuild_digest, worker.queue, broker, "daily", version,
              kwargs={"report": str(report)})
     (tmp_path / "gate.go").touch()
 
@@ -427,7 +406,7 @@ def test_threads_pool_keeps_each_concurrent_tasks_grant_to_its_own_thread(
     report = tmp_path / "events.jsonl"
     for index, account in enumerate(accounts):
         (tmp_path / f"pause-{index}").touch()
-        send(tasks.deposit, worker.queue, broker, account.pk, "1",
+        publish(tasks.deposit, worker.queue, broker, account.pk, "1",
              kwargs={"report": str(report), "pause_once": str(tmp_path / f"pause-{index}")})
     deadline = time.monotonic() + 30
     while len([e for e in events(report) if e["event"] == "acquired"]) < 2:
@@ -465,7 +444,7 @@ def test_concurrency_caps_running_executions_and_the_others_retry(
     arguments = {"counter": counter.pk, "peak": peak.pk, "report": str(report), "hold": 1.5}
     # One execution per free process: solo 1, prefork 2, threads 2.
     for queue in [workers["solo"].queue] + [workers["prefork"].queue] * 2 + [workers["threads"].queue] * 2:
-        send(tasks.capped_export, queue, broker, name, kwargs=arguments)
+        publish(tasks.capped_export, queue, broker, name, kwargs=arguments)
 
     deadline = time.monotonic() + 60
     while len([e for e in events(report) if e["event"] == "written"]) < 5:
@@ -503,13 +482,13 @@ def test_concurrency_permit_holder_paused_past_its_lease_is_refused_by_its_slots
     arguments = {"counter": counter.pk, "peak": peak.pk, "report": str(report)}
     other = acquire_permit(f"export:{name}", limit=2, holder="the other slot", ttl=60)
     try:
-        send(tasks.capped_export_plain_lease, a.queue, broker, name,
+        publish(tasks.capped_export_plain_lease, a.queue, broker, name,
              kwargs={**arguments, "pause_once": str(pause)})
         t0 = wait_for_event(report, lambda e: e["event"] == "acquired", workers=[a])
         with paused(t0["pid"]):
             wait_until_database_time_passes(dt.datetime.fromisoformat(t0["expires_at"]), margin=0.2)
 
-            send(tasks.capped_export_plain_lease, b.queue, broker, name, kwargs=arguments)
+            publish(tasks.capped_export_plain_lease, b.queue, broker, name, kwargs=arguments)
             t3 = wait_for_event(report, lambda e: e["event"] == "written", workers=[b])
         (tmp_path / "pause-a.go").touch()
         late = wait_for_event(report, lambda e: e["event"] == "refused", workers=[a])

@@ -2,9 +2,9 @@
 without them (the negative control) the checker finds the stale writes. The
 checker itself is tested on hand-made histories in tests/unit/test_chaos_checker.py.
 
-Where the stores are at hand (moto's S3 server, the suite's Redis), the workload
-also writes an S3 object and a Redis key per cycle under the grant, and the
-checker judges them like rows."""
+The workload also writes an S3 object (on moto's S3 server) and a Redis key (on
+the suite's Redis) per cycle under the grant, and the checker judges them like
+rows; a missing store fails the run where every service is required."""
 
 from __future__ import annotations
 
@@ -38,15 +38,15 @@ STORE_KINDS = {"s3", "redis"}
 
 @pytest.fixture(scope="module")
 def stores() -> Iterator[dict[str, str]]:
-    """The stores a run can write besides the database: ``redis_url`` (the suite's
+    """The stores a run writes besides the database: ``redis_url`` (the suite's
     Redis) and ``s3_endpoint`` (a moto server answering one request at a time, so
-    that its conditional writes are atomic), those at hand."""
-    found: dict[str, str] = {}
-    if os.environ.get("COORDINATION_TEST_REDIS_URL") and importlib.util.find_spec("redis"):
-        found["redis_url"] = os.environ["COORDINATION_TEST_REDIS_URL"]
-    if not all(importlib.util.find_spec(name) for name in ("moto", "boto3", "storages")):
-        yield found
-        return
+    that its conditional writes are atomic)."""
+    for name in ("redis", "moto", "boto3", "storages"):
+        if importlib.util.find_spec(name) is None:
+            missing_service(f"the Python package {name} (requirements/s3.txt), for the runs' stores")
+    if not os.environ.get("COORDINATION_TEST_REDIS_URL"):
+        missing_service("a Redis server for the runs' Redis keys: COORDINATION_TEST_REDIS_URL is not set")
+    found = {"redis_url": os.environ["COORDINATION_TEST_REDIS_URL"]}
     from tests.support.s3_server import s3_server
 
     credentials = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"}

@@ -3,35 +3,40 @@
 A task paused in the admin runs no body while paused and every message after
 the resume; a cap of 2 keeps at most 2 bodies running at once, counted by the
 database; raising the cap in the admin lets more run, without a restart. The
-negative control: without a policy the same messages run 4 at once.
+negative control: without a policy the same messages run 4 at once. An
+execution stopped with SIGSTOP while it holds its customer's cap permit is
+paused and revoked in the admin: its slot is free at once, and its late write
+under the slot is refused when it resumes.
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import reverse
 
-from coordination import jobs
-from coordination.models import JobPolicy, JobTally
+from coordination import jobs, locks
+from coordination.fencing import fence
+from coordination.models import Fence, Grant, GrantEnd, JobPolicy, JobTally
+from coordination.semaphores import acquire_permit
 from project.demo.models import Account
 from tests.support import job_policy_tasks as tasks
 from tests.support.celery_workers import (
     RedisBroker,
     Worker,
     events,
-    start_worker,
     unique,
-    wait_ready,
-    wait_until_workers_disconnect,
+    wait_for_event,
 )
+from tests.support.pausing import paused
 from tests.support.waiting import wait_for
 
 pytestmark = [
@@ -45,21 +50,8 @@ REFRESH = 2.0
 
 
 @pytest.fixture(scope="module")
-def worker(
-    django_db_setup: None, django_db_blocker: Any, broker: RedisBroker,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[Worker]:
-    started = start_worker(
-        "jobs", unique("jobs"), tmp_path_factory.mktemp("job-worker-logs"), broker=broker,
-        pool="prefork", concurrency=4,
-    )
-    try:
-        wait_ready([started])
-        yield started
-    finally:
-        started.stop()
-        with django_db_blocker.unblock():
-            wait_until_workers_disconnect()
+def worker(start_workers: Callable[..., Worker]) -> Worker:
+    return start_workers("jobs", pool="prefork", concurrency=4)
 
 
 @pytest.fixture
@@ -173,3 +165,37 @@ def test_a_cap_of_two_holds_and_raising_it_in_the_admin_lets_more_run(
     assert 3 <= max(event["running"] for event in starts(raised)) <= 4
     # The bodies report their end before their execution releases key and permit.
     wait_for(lambda: jobs.running(TASK) == [], timeout=30, what="every lease released")
+
+
+def test_pause_and_revoke_frees_a_stopped_copys_cap_slot_and_its_late_write_is_refused(
+    worker: Worker, broker: RedisBroker, tmp_path: Path, admin_client: Client
+) -> None:
+    policy = JobPolicy(task=tasks.cap_slot_writer.name, key_cap=1, cap_key="{customer}")
+    policy.save(changed_by="test", via="orm")
+    wait_out_the_refresh()
+    report, pause, customer = tmp_path / "report.jsonl", tmp_path / "pause", unique("customer")
+    pause.touch()
+    with broker.connection() as conn:
+        tasks.cap_slot_writer.apply_async(
+            (customer, 1), {"report": str(report), "pause_once": str(pause)}, queue=worker.queue,
+            connection=conn,
+        )
+    wrote = wait_for_event(report, lambda e: e["event"] == "wrote", timeout=60, workers=[worker])
+    name = jobs.cap_name(tasks.cap_slot_writer.name, customer)
+
+    with paused(wrote["pid"]):  # as a GC or VM pause stops it: its keep-alive too
+        data = {"action": "pause_and_revoke_selected", ACTION_CHECKBOX_NAME: [policy.pk], "confirm": "yes"}
+        assert admin_client.post(reverse("admin:coordination_jobpolicy_changelist"), data).status_code == 302
+        # Free at once, seconds before the stopped copy's lease would have run out.
+        after = acquire_permit(name, limit=1, holder="the next copy", ttl=30)
+        assert after.key == wrote["slot"] and after.token > wrote["token"]
+        with fence(f"capped-export:{customer}", after):
+            pass
+        (pause.parent / (pause.name + ".go")).touch()
+
+    late = wait_for_event(report, lambda e: e["event"] == "late", timeout=60, workers=[worker])
+    assert late["outcome"] in ("stale_token", "lease_lost")
+    assert Fence.objects.get(resource=f"capped-export:{customer}").token == after.token
+    ended = Grant.objects.get(lock__key=wrote["slot"], token=wrote["token"])
+    assert ended.end_reason == GrantEnd.REVOKED
+    locks.release(after)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -32,11 +32,10 @@ from tests.support.celery_workers import (
     RedisBroker,
     Worker,
     events,
-    start_worker,
+    publish,
     unique,
     wait_for_event,
     wait_ready,
-    wait_until_workers_disconnect,
 )
 from tests.support.waiting import wait_for
 
@@ -50,41 +49,20 @@ SHORT_VISIBILITY = 2.0
 
 
 @pytest.fixture(scope="module")
-def workers(
-    django_db_setup: None, django_db_blocker: Any, broker: RedisBroker,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[dict[str, Worker]]:
-    log_dir = tmp_path_factory.mktemp("once-worker-logs")
+def workers(start_workers: Callable[..., Worker]) -> dict[str, Worker]:
     started = {
-        "prefork": start_worker(
-            "once", unique("once"), log_dir, broker=broker, pool="prefork", concurrency=2,
-        ),
-        "short": start_worker(
-            "short", unique("short"), log_dir, broker=broker, pool="prefork", concurrency=2,
+        "prefork": start_workers("once", pool="prefork", concurrency=2, ready=False),
+        "short": start_workers(
+            "short", pool="prefork", concurrency=2, ready=False,
             COORDINATION_TEST_VISIBILITY_TIMEOUT=str(SHORT_VISIBILITY),
         ),
     }
-    try:
-        wait_ready(started.values())
-        yield started
-    finally:
-        for worker in started.values():
-            worker.stop()
-        with django_db_blocker.unblock():
-            wait_until_workers_disconnect()
+    wait_ready(started.values())
+    return started
 
 
 def task_for(once: bool) -> Any:
     return tasks.deposit_once if once else tasks.deposit_every_time
-
-
-def send(task: Any, worker: Worker, broker: RedisBroker | None, *args: Any, **options: Any) -> None:
-    kwargs = options.pop("kwargs", {})
-    if broker is None:
-        task.apply_async(args, kwargs, queue=worker.queue, **options)
-        return
-    with broker.connection() as conn:
-        task.apply_async(args, kwargs, queue=worker.queue, connection=conn, **options)
 
 
 def bodies(report: Path) -> list[dict[str, Any]]:
@@ -114,7 +92,7 @@ def test_a_worker_killed_after_the_commit_and_before_the_ack_does_not_run_the_bo
     report, pause = tmp_path / "events.jsonl", tmp_path / "pause"
     pause.touch()
     task_id = unique("killed")
-    send(task, worker, broker, account.pk, "7", task_id=task_id,
+    publish(task, worker.queue, broker, account.pk, "7", task_id=task_id,
          kwargs={"report": str(report), "pause_after": str(pause)})
     first = wait_for_event(report, lambda e: e["event"] == "returned", workers=[worker])
     # Committed: the deposit and (with once) the record of its completion are in.
@@ -146,7 +124,7 @@ def test_a_message_published_twice_with_one_task_id_runs_its_body_once(
     account = Account.objects.create(owner="twice", balance=Decimal("100.00"))
     report, task_id = tmp_path / "events.jsonl", unique("twice")
     for _ in range(2):
-        send(task, worker, broker, account.pk, "5", task_id=task_id,
+        publish(task, worker.queue, broker, account.pk, "5", task_id=task_id,
              kwargs={"report": str(report), "hold": 1.0})
 
     wait_for(lambda: len(returned(report)) == 2, timeout=60, what="both copies' returns")
@@ -168,7 +146,7 @@ def test_a_visibility_timeout_shorter_than_the_body_does_not_run_it_twice(
     worker, task = workers["short"], task_for(once)
     account = Account.objects.create(owner="visibility", balance=Decimal("100.00"))
     report, task_id = tmp_path / "events.jsonl", unique("visibility")
-    send(task, worker, broker, account.pk, "3", task_id=task_id,
+    publish(task, worker.queue, broker, account.pk, "3", task_id=task_id,
          kwargs={"report": str(report), "hold": 3 * SHORT_VISIBILITY})
 
     # The copy starts while the first body runs (both processes have the message).
@@ -191,7 +169,7 @@ def test_a_retry_of_an_attempt_that_raised_after_its_write_runs_and_writes_once(
     worker, task = workers["prefork"], tasks.deposit_once
     account = Account.objects.create(owner="retried", balance=Decimal("100.00"))
     report, task_id = tmp_path / "events.jsonl", unique("retried")
-    send(task, worker, broker, account.pk, "9", task_id=task_id,
+    publish(task, worker.queue, broker, account.pk, "9", task_id=task_id,
          kwargs={"report": str(report), "fail_first": True})
 
     wait_for(lambda: [e["retries"] for e in bodies(report)] == [0, 1], timeout=60, what="the retry")
@@ -205,45 +183,25 @@ def test_a_retry_of_an_attempt_that_raised_after_its_write_runs_and_writes_once(
 # --- the embedded default: SQLite and the filesystem broker ------------------------
 
 
-@pytest.fixture
-def filesystem_worker(
-    tmp_path: Path,
-) -> Iterator[tuple[Worker, dict[str, Any]]]:
-    var = tmp_path / "var"
-    folders = {name: var / "broker" / name for name in ("out", "processed", "control")}
-    for folder in folders.values():
-        folder.mkdir(parents=True)
-    options = {
-        "data_folder_in": str(folders["out"]), "data_folder_out": str(folders["out"]),
-        "processed_folder": str(folders["processed"]), "control_folder": str(folders["control"]),
-        "store_processed": False,
-    }
-    worker = start_worker(
-        "embedded", unique("embedded"), tmp_path, broker=None,
-        CELERY_BROKER_URL="filesystem://", COORDINATION_VAR_DIR=str(var),
-    )
-    try:
-        wait_ready([worker])
-        yield worker, options
-    finally:
-        worker.stop()
+@pytest.fixture(scope="module")
+def embedded_worker(start_workers: Callable[..., Worker]) -> Worker:
+    """A prefork worker on the site's own broker: the filesystem one of the SQLite leg."""
+    return start_workers("embedded", embedded=True, pool="prefork", concurrency=2)
 
 
 @pytest.mark.legs("sqlite", reason="the embedded default; the PostgreSQL leg runs it on Redis above")
 @pytest.mark.parametrize("once", [True, False], ids=["once", "negative-control"])
 def test_on_the_embedded_default_a_message_published_twice_runs_its_body_once(
-    filesystem_worker: tuple[Worker, dict[str, Any]], tmp_path: Path, once: bool
+    embedded_worker: Worker, tmp_path: Path, once: bool
 ) -> None:
-    from project.celery import app
-
-    worker, options = filesystem_worker
+    """The filesystem broker has no acknowledgement to lose (a message is taken out
+    of its folder when it is received): the copies come from a publisher."""
     task = task_for(once)
     account = Account.objects.create(owner="embedded", balance=Decimal("100.00"))
     report, task_id = tmp_path / "events.jsonl", unique("embedded")
-    with app.connection_for_write("filesystem://", transport_options=options) as conn:
-        for _ in range(2):
-            task.apply_async((account.pk, "5"), {"report": str(report)}, task_id=task_id,
-                             queue=worker.queue, connection=conn)
+    for _ in range(2):
+        publish(task, embedded_worker.queue, None, account.pk, "5", task_id=task_id,
+             kwargs={"report": str(report)})
 
     wait_for(lambda: len(returned(report)) == 2, timeout=60, what="both copies' returns")
     first, second = returned(report)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +28,9 @@ from tests.support.celery_workers import (
     RedisBroker,
     Worker,
     events,
-    start_worker,
+    publish,
     unique,
     wait_ready,
-    wait_until_workers_disconnect,
 )
 from tests.support.waiting import wait_for
 
@@ -46,23 +45,14 @@ REFRESH = 2.0
 
 
 @pytest.fixture(scope="module")
-def workers(
-    django_db_setup: None, django_db_blocker: Any, broker: RedisBroker,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[list[Worker]]:
-    queue, logs = unique("rates"), tmp_path_factory.mktemp("rate-worker-logs")
+def workers(start_workers: Callable[..., Worker]) -> list[Worker]:
+    queue = unique("rates")
     started = [
-        start_worker(f"rates{n}", queue, logs, broker=broker, pool="prefork", concurrency=2)
+        start_workers(f"rates{n}", queue=queue, pool="prefork", concurrency=2, ready=False)
         for n in (1, 2)
     ]
-    try:
-        wait_ready(started)
-        yield started
-    finally:
-        for worker in started:
-            worker.stop()
-        with django_db_blocker.unblock():
-            wait_until_workers_disconnect()
+    wait_ready(started)
+    return started
 
 
 def send(task: Any, workers: list[Worker], broker: RedisBroker, messages: list[tuple[Any, ...]],
@@ -119,18 +109,18 @@ def test_negative_control_without_the_rate_the_same_messages_crowd_a_window(
     assert most_in_any_window(times, PERIOD) > LIMIT
 
 
-def _customers(workers: list[Worker], broker: RedisBroker, report: Path) -> None:
+def _customers(
+    queue: str, broker: RedisBroker | None, report: Path, *, a: int = 6, b: int = 2, hold: float = 1.5
+) -> None:
+    """``a`` executions of customer a and ``b`` of customer b, each running ``hold`` s."""
     counters = {name: Account.objects.create(owner=f"running {name}") for name in ("a", "b")}
     everyone = Account.objects.create(owner="running everyone")
-    with broker.connection() as conn:
-        for customer, n in [("a", n) for n in range(6)] + [("b", 10), ("b", 11)]:
-            tasks.per_customer.apply_async(
-                (customer, n),
-                {"counter": counters[customer].pk, "everyone": everyone.pk, "report": str(report),
-                 "hold": 1.5},
-                queue=workers[0].queue, connection=conn,
-            )
-    wait_for(lambda: len([e for e in events(report) if e["event"] == "end"]) == 8, timeout=120,
+    for customer, n in [("a", n) for n in range(a)] + [("b", 10 + n) for n in range(b)]:
+        publish(tasks.per_customer, queue, broker, customer, n, kwargs={
+            "counter": counters[customer].pk, "everyone": everyone.pk, "report": str(report),
+            "hold": hold,
+        })
+    wait_for(lambda: len([e for e in events(report) if e["event"] == "end"]) == a + b, timeout=120,
              what="every customer's execution")
 
 
@@ -142,7 +132,7 @@ def test_a_policy_cap_of_two_per_customer_holds_while_other_customers_run(
     )
     time.sleep(REFRESH + 0.5)  # every worker process reads it
     report = tmp_path / "capped.jsonl"
-    _customers(workers, broker, report)
+    _customers(workers[0].queue, broker, report)
 
     ran = starts(report)
     assert Counter(event["customer"] for event in ran) == {"a": 6, "b": 2}
@@ -156,30 +146,49 @@ def test_negative_control_without_the_cap_a_customer_runs_more_than_two_at_once(
     workers: list[Worker], broker: RedisBroker, tmp_path: Path
 ) -> None:
     report = tmp_path / "uncapped.jsonl"
-    _customers(workers, broker, report)
+    _customers(workers[0].queue, broker, report)
     assert max(event["running"] for event in starts(report) if event["customer"] == "a") > 2
 
 
 @pytest.mark.legs("sqlite", reason="the embedded default's own run; the PostgreSQL leg runs the ones above")
+def test_on_the_embedded_default_a_cap_per_customer_holds_over_a_prefork_worker(
+    start_workers: Callable[..., Worker], tmp_path: Path,
+) -> None:
+    """A cap of 1 per customer on a worker of 2 processes: customer a's executions
+    never overlap (counted by the database), while b's runs beside one of them."""
+    JobPolicy(task=tasks.per_customer.name, key_cap=1, cap_key="{customer}").save(
+        changed_by="test", via="orm"
+    )
+    worker = start_workers("caps-embedded", embedded=True, pool="prefork", concurrency=2)
+    report = tmp_path / "capped.jsonl"
+    # Long enough for the filesystem broker, polled every second, to hand b's message over.
+    _customers(worker.queue, None, report, a=3, b=1, hold=4.0)
+
+    ran = starts(report)
+    assert Counter(event["customer"] for event in ran) == {"a": 3, "b": 1}
+    assert max(event["running"] for event in ran if event["customer"] == "a") == 1
+    assert max(event["overall"] for event in ran) == 2  # b beside one of a's
+
+
+@pytest.mark.legs("sqlite", reason="the embedded default's own run; the PostgreSQL leg runs the ones above")
 def test_on_the_embedded_default_a_rate_holds_over_a_prefork_worker_on_the_filesystem_broker(
-    tmp_path: Path,
+    start_workers: Callable[..., Worker], tmp_path: Path,
 ) -> None:
     """SQLite and Celery's filesystem transport, the setup ``bin/run`` gives a new user."""
-    worker = start_worker(
-        "rates-embedded", unique("rates-embedded"), tmp_path, broker=None, pool="prefork", concurrency=2
-    )
-    try:
-        wait_ready([worker])
-        report, run, count = tmp_path / "embedded.jsonl", unique("embedded"), 8
-        for n in range(count):
-            tasks.rate_limited.apply_async((run, n), {"report": str(report)}, queue=worker.queue)
-        wait_for(lambda: len(starts(report)) == count, timeout=90, what="every message")
-    finally:
-        worker.stop()
+    worker = start_workers("rates-embedded", embedded=True, pool="prefork", concurrency=2)
+    report, run, count = tmp_path / "embedded.jsonl", unique("embedded"), 8
+    # The key's whole rate used just now: the first messages, however slowly this
+    # broker hands them over, start inside the window and must wait their turn.
+    bucket = jobs.rate_bucket(tasks.rate_limited.name, run)
+    used = [ratelimits.take_start(bucket, ratelimits.Rate(*tasks.RATE)) for _ in range(LIMIT)]
+    assert all(decision.granted for decision in used)
+    for n in range(count):
+        tasks.rate_limited.apply_async((run, n), {"report": str(report)}, queue=worker.queue)
+    wait_for(lambda: len(starts(report)) == count, timeout=90, what="every message")
     ran = starts(report)
     assert Counter(event["n"] for event in ran) == {n: 1 for n in range(count)}
     logged = sorted(dt.datetime.fromisoformat(event["rate_start"]) for event in ran)
-    assert most_in_any_window(logged, PERIOD) <= LIMIT
+    assert most_in_any_window([decision.at for decision in used] + logged, PERIOD) <= LIMIT
     assert (logged[-1] - logged[0]).total_seconds() >= PERIOD
-    # Sent at once, faster than 4 per 2 s: some went back to the broker and still ran.
+    # Over the rate: some went back to the broker, and still ran.
     assert JobTally.objects.get(task=tasks.rate_limited.name, outcome="deferred").count >= 1

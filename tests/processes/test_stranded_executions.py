@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import datetime as dt
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
@@ -30,11 +29,7 @@ from tests.support import celery_worker_tasks as tasks
 from tests.support.celery_workers import (
     RedisBroker,
     Worker,
-    start_worker,
-    unique,
     wait_for_event,
-    wait_ready,
-    wait_until_workers_disconnect,
 )
 from tests.support.factories import AccountFactory
 from tests.support.waiting import wait_for, wait_until_database_time_passes
@@ -56,22 +51,8 @@ def embedded() -> bool:
 
 
 @pytest.fixture
-def worker(
-    django_db_blocker: Any, embedded: bool, request: pytest.FixtureRequest,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[Worker]:
-    broker = None if embedded else request.getfixturevalue("broker")
-    started = start_worker(
-        "stranded", unique("stranded"), tmp_path_factory.mktemp("stranded-logs"), broker=broker,
-        pool="prefork", concurrency=1,
-    )
-    try:
-        wait_ready([started])
-        yield started
-    finally:
-        started.stop()
-        with django_db_blocker.unblock():
-            wait_until_workers_disconnect()
+def worker(start_workers: Callable[..., Worker], embedded: bool) -> Worker:
+    return start_workers("stranded", embedded=embedded, pool="prefork", concurrency=1)
 
 
 def test_a_sigkilled_worker_leaves_a_stranded_execution_the_operator_fences_out(

@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,6 @@ from tests.support.celery_workers import (
     start_worker,
     wait_for_event,
     wait_ready,
-    wait_until_workers_disconnect,
     worker_environment,
 )
 from tests.support.celery_workers import (
@@ -49,21 +48,8 @@ def dup(result: Any) -> bool:
 
 
 @pytest.fixture(scope="module")
-def worker(
-    django_db_setup: None, django_db_blocker: Any, broker: RedisBroker,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[Worker]:
-    started = start_worker(
-        "unique", fresh("unique"), tmp_path_factory.mktemp("unique-worker-logs"), broker=broker,
-        pool="prefork", concurrency=2,
-    )
-    try:
-        wait_ready([started])
-        yield started
-    finally:
-        started.stop()
-        with django_db_blocker.unblock():
-            wait_until_workers_disconnect()
+def worker(start_workers: Callable[..., Worker]) -> Worker:
+    return start_workers("unique", pool="prefork", concurrency=2)
 
 
 def drained(worker: Worker, broker: RedisBroker) -> None:
@@ -154,6 +140,28 @@ def test_a_duplicate_message_that_reaches_a_real_worker_does_not_run(
     ran = [e for e in events(report) if e["event"] == "ran"]
     assert [(e["n"], e["task_id"]) for e in ran] == [(1, holder.id)]
     assert JobTally.objects.get(task=tasks.until_succeeded.name, outcome="skipped").count >= 1
+
+
+@pytest.mark.legs("sqlite", reason="the embedded default; the PostgreSQL leg runs it on Redis above")
+def test_on_the_embedded_default_a_duplicate_reaching_a_prefork_worker_does_not_run(
+    start_workers: Callable[..., Worker], tmp_path: Path
+) -> None:
+    """SQLite and the filesystem broker: a duplicate enqueue gets the holder's id, and
+    a copy sent around the check to the broker's folder is skipped by the worker."""
+    worker = start_workers("unique-embedded", embedded=True, pool="prefork", concurrency=2)
+    run, report = fresh("embedded"), tmp_path / "events.jsonl"
+    holder = tasks.until_succeeded.apply_async((run, 1), {"report": str(report), "hold": 5.0},
+                                               queue=worker.queue)
+    again = tasks.until_succeeded.apply_async((run, 3), {"report": str(report)}, queue=worker.queue)
+    Task.apply_async(tasks.until_succeeded, (run, 2), {"report": str(report)}, queue=worker.queue)
+
+    skipped = wait_for_event(report, lambda e: e["event"] == "skipped", timeout=60, workers=[worker])
+    wait_for(lambda: unique.holder_of(f"uq:{run}") is None, timeout=60, what="the holder's success")
+
+    assert (dup(again), again.id) == (True, holder.id)
+    assert (skipped["reason"], skipped["args"]) == ("duplicate", [run, 2])
+    ran = [e for e in events(report) if e["event"] == "ran"]
+    assert [(e["n"], e["task_id"]) for e in ran] == [(1, holder.id)]
 
 
 @on_workers

@@ -80,6 +80,17 @@ class RedisBroker:
             client.delete(*keys)
 
 
+def publish(task: Any, queue: str, broker: RedisBroker | None, *args: Any, **options: Any) -> Any:
+    """``task.apply_async`` of ``args`` (and ``kwargs=``, Celery's options) to ``queue``
+    on ``broker``'s Redis, or, with None, on the site's own broker: the embedded
+    default's filesystem one, which the workers started with ``broker=None`` share."""
+    kwargs = options.pop("kwargs", {})
+    if broker is None:
+        return task.apply_async(args, kwargs, queue=queue, **options)
+    with broker.connection() as conn:
+        return task.apply_async(args, kwargs, queue=queue, connection=conn, **options)
+
+
 def worker_environment(broker: str | None, **extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env.pop("CELERY_BROKER_URL", None)

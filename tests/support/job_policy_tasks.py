@@ -14,8 +14,11 @@ from typing import Any
 from django.db import connection
 
 from coordination.contrib.celery import fenced_task
+from coordination.contrib.execution import current_execution
+from coordination.exceptions import LeaseLost, StaleToken
+from coordination.fencing import fence
 from project.demo.models import Account
-from tests.support.celery_worker_tasks import KEEPALIVE_TTL, record
+from tests.support.celery_worker_tasks import KEEPALIVE_TTL, pause_here_once, record
 
 
 def _count(counter_id: int, step: int) -> int:
@@ -41,3 +44,22 @@ def counted_body(self: Any, run: str, n: int, *, counter: int, report: str, hold
         _count(counter, -1)
         record(report, "end", n=n)
     return running
+
+
+@fenced_task(lock="capwrite:{customer}:{n}", ttl=KEEPALIVE_TTL, bind=True, max_retries=0)
+def cap_slot_writer(self: Any, customer: str, n: int, *, report: str, pause_once: str) -> None:
+    """Writes a resource its cap permit's slot guards (its job policy has a cap per
+    ``{customer}``), stops at ``pause_once`` until the test lets it go, then writes
+    it again, late, and reports how that write ended."""
+    execution = current_execution()
+    assert execution is not None and execution.cap_permit is not None
+    slot = execution.cap_permit
+    with fence(f"capped-export:{customer}", slot):
+        pass
+    record(report, "wrote", n=n, slot=slot.key, token=slot.token)
+    pause_here_once(pause_once)
+    try:
+        with fence(f"capped-export:{customer}", slot):
+            record(report, "late", outcome="written")
+    except (StaleToken, LeaseLost) as refused:
+        record(report, "late", outcome=refused.code)

@@ -199,3 +199,62 @@ def test_a_users_site_with_the_wheel_imports_no_site_code_and_lists_only_runnabl
     assert helped.returncode == 0, helped.stderr[-3000:]
     listed = {line.strip() for line in helped.stdout.splitlines()}
     assert {name for name in listed if name.startswith("coordination")} == USER_COMMANDS
+
+
+WITHOUT_EXTRAS = """
+import importlib.machinery, json, sys
+
+# The packages the extras bring (and the test tools), as if never installed.
+EXTRAS = {"redis", "boto3", "botocore", "storages", "moto", "celery", "kombu", "psycopg",
+          "MySQLdb", "prometheus_client", "django_celery_beat", "drf_spectacular_sidecar"}
+find_spec = importlib.machinery.PathFinder.find_spec
+importlib.machinery.PathFinder.find_spec = staticmethod(
+    lambda name, path=None, target=None: None if name.split(".")[0] in EXTRAS
+    else find_spec(name, path, target)
+)
+
+import django
+
+django.setup()
+from django.core.checks import run_checks
+from django.core.management import call_command
+
+from coordination import locks
+from coordination.stores.outbox import record_call
+
+call_command("migrate", verbosity=0)
+grant = locks.acquire("payouts:1", holder="a task", ttl=5)
+print(json.dumps({
+    "checks": [message.id for message in run_checks() if message.id.startswith("coordination")],
+    "call": record_call("https://example.invalid/", {"n": 1}, grant=grant).state,
+    "extras": sorted({name.split(".")[0] for name in sys.modules} & EXTRAS),
+}))
+"""
+
+
+def test_the_app_starts_and_records_an_outbox_call_without_any_extra(wheel: Path, tmp_path: Path) -> None:
+    """The base install (Django, DRF, drf-spectacular): the app's checks pass, its
+    tables migrate, the outbox records a call, and no extra's package is imported."""
+    installed = tmp_path / "site-packages"
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(installed)
+    site = tmp_path / "shop"
+    site.mkdir()
+    settings = textwrap.dedent(USER_SETTINGS).replace('    "django_celery_beat",', "#").format(
+        database=str(tmp_path / "shop.sqlite3")
+    )
+    (site / "shop_settings.py").write_text(
+        settings + 'DATABASES["default"]["OPTIONS"] = {"transaction_mode": "IMMEDIATE"}\n'
+    )
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "shop_settings",
+        "PYTHONPATH": os.pathsep.join([str(site), str(installed)]),
+    }
+    ran = subprocess.run(
+        [sys.executable, "-c", WITHOUT_EXTRAS], cwd=site, env=env, capture_output=True, text=True,
+        timeout=120, check=False,
+    )
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    report = json.loads(ran.stdout.splitlines()[-1])
+    assert report == {"checks": [], "call": "pending", "extras": []}

@@ -39,6 +39,9 @@ class StrandedSerializer(serializers.Serializer[Any]):
     key = serializers.CharField()
     token = serializers.IntegerField(help_text="The dead lease's token.")
     permit = serializers.CharField(help_text="The permit's lock key (max_running), or empty.")
+    cap_permit = serializers.CharField(
+        help_text="The permit's lock key of the policy's cap per key (key_cap), or empty."
+    )
     started_at = serializers.DateTimeField()
     last_renewal = serializers.DateTimeField(
         allow_null=True, help_text="The lease's end minus its length; null: not recorded."
@@ -50,7 +53,13 @@ class ClearedSerializer(serializers.Serializer[Any]):
     execution = StrandedSerializer()
     token = serializers.IntegerField(help_text="Every watermark of the key now stands at this token.")
     raised = serializers.IntegerField(help_text="How many watermarks were raised.")
-    permit_token = serializers.IntegerField(allow_null=True)
+    permit_token = serializers.IntegerField(
+        allow_null=True, help_text="The token the permit's watermarks now stand at; null: none."
+    )
+    cap_permit_token = serializers.IntegerField(
+        allow_null=True,
+        help_text="The same for the permit of the cap per key; null: none.",
+    )
 
 
 def _keys(execution: Stranded) -> list[str]:
@@ -117,5 +126,5 @@ class StrandedClearView(CoordinationView):
             )
         return Response(ClearedSerializer({
             "execution": execution, "token": cleared.token, "raised": cleared.raised,
-            "permit_token": cleared.permit_token,
+            "permit_token": cleared.permit_token, "cap_permit_token": cleared.cap_permit_token,
         }).data)

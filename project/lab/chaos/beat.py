@@ -33,21 +33,17 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import signal
 import statistics
 import subprocess
-import sys
-import tempfile
 import time
-import uuid
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from django.conf import settings
 from django.db import connections
+
+from .celery_run import CeleryChaos, ChaosProcess, Output
 
 __all__ = [
     "BeatChaos", "BeatChaosConfig", "BeatDemo", "BeatReport", "executed_more_than_once", "slot_of",
@@ -57,10 +53,6 @@ FENCED_SCHEDULER = "coordination.contrib.beat.FencedScheduler"
 STOCK_SCHEDULER = "celery.beat:PersistentScheduler"
 FENCED_DATABASE_SCHEDULER = "coordination.contrib.beat.FencedDatabaseScheduler"
 STOCK_DATABASE_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
-
-
-class Output(Protocol):
-    def write(self, text: str, /) -> Any: ...
 
 
 @dataclass
@@ -124,65 +116,40 @@ class BeatReport:
         return "\n".join(lines) + "\n"
 
 
-@dataclass
-class BeatProcess:
-    name: str
-    process: subprocess.Popen[bytes]
-    log: Path
-    paused: bool = False
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-
-class BeatChaos:
+class BeatChaos(CeleryChaos[BeatChaosConfig]):
     """One beat chaos run; ``run()`` always stops every process it started."""
 
+    kind = "beat"
     label = "beat chaos"
 
     def __init__(self, config: BeatChaosConfig, out: Output | None = None) -> None:
-        self.config = config
-        self.out = out or sys.stdout
-        self.seed = config.seed if config.seed is not None else random.randrange(2**32)
-        self.rng = random.Random(self.seed)
-        self.workdir = Path(tempfile.mkdtemp(prefix="coordination-beat-chaos-"))
-        self.tag = uuid.uuid4().hex[:10]
+        super().__init__(config, out)
         self.role = f"chaos-beat-{self.tag}"
-        self.queue = f"coordination-beat-{self.tag}"
-        self.prefix = f"coordination-beat-{self.tag}:"
         self.executions = self.workdir / "executions.jsonl"
-        self.beats: list[BeatProcess] = []
+        self.beats: list[ChaosProcess] = []
         self.periodic_task = f"chaos-tick-{self.tag}"  # the PeriodicTask row of a database run
-        self.worker: BeatProcess | None = None
-        self.spawned = 0
+        self.worker: ChaosProcess | None = None
         self.dead: set[int] = set()  # pids of beats killed or stopped: their lost slots are accounted for
         self.faults: list[dict[str, Any]] = []
-        self.started = 0.0
 
     # --- the run -------------------------------------------------------------------
 
     def run(self) -> BeatReport:
-        try:
-            return self._run()
-        finally:
-            self._cleanup()
+        report: BeatReport = super().run()
+        return report
 
     def _run(self) -> BeatReport:
         config = self.config
         self._say(f"beat chaos: seed {self.seed}, role {self.role}, workdir {self.workdir}")
         if config.database:
             self._create_periodic_task()
-        self.worker = self._start("worker", [
+        self.worker = worker = self._start("worker", [
             "worker", "-P", "solo", "-Q", self.queue, "-n", f"beat-chaos-{self.tag}@%h",
             "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "INFO",
         ])
         for _ in range(config.beats):
             self._start_beat()
-        self._wait(lambda: " ready." in self._text(self.worker), 120, "the worker to be ready")
+        self._wait(lambda: " ready." in worker.text(), 120, "the worker to be ready")
         self.started = time.monotonic()
         if not config.fenced:
             return self._negative_control()
@@ -208,22 +175,8 @@ class BeatChaos:
 
     # --- processes -------------------------------------------------------------------
 
-    def _environment(self) -> dict[str, str]:
-        database = json.loads(json.dumps(connections["default"].settings_dict, default=str))
-        database["CONN_MAX_AGE"] = 0
-        database.pop("TEST", None)
-        broker = self.config.broker or str(getattr(settings, "CELERY_BROKER_URL", ""))
-        import project
-
-        root = str(Path(project.__file__).resolve().parent.parent)
+    def _settings(self) -> dict[str, str]:
         return {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(p for p in [root, os.environ.get("PYTHONPATH", "")] if p),
-            "DJANGO_SETTINGS_MODULE": "project.lab.chaos.beat_settings",
-            "COORDINATION_BEAT_BASE_SETTINGS": settings.SETTINGS_MODULE,
-            "COORDINATION_BEAT_DATABASE": json.dumps(database),
-            "COORDINATION_BEAT_BROKER": broker,
-            "COORDINATION_BEAT_PREFIX": self.prefix,
             "COORDINATION_BEAT_QUEUE": self.queue,
             "COORDINATION_BEAT_ROLE": self.role,
             "COORDINATION_BEAT_INTERVAL": str(self.config.interval),
@@ -232,20 +185,9 @@ class BeatChaos:
             "COORDINATION_BEAT_EXECUTIONS": str(self.executions),
             "COORDINATION_BEAT_PUBLISH_DELAY": str(self.config.publish_delay),
             "COORDINATION_BEAT_SCHEDULE_FROM": "database" if self.config.database else "settings",
-            "COORDINATION_LOG_LEVEL": "INFO",
         }
 
-    def _start(self, name: str, arguments: list[str]) -> BeatProcess:
-        log = self.workdir / f"{name}.log"
-        command = [sys.executable, "-m", "celery", "-A", self.config.celery_app, *arguments]
-        with open(log, "ab") as out:
-            process = subprocess.Popen(
-                command, cwd=self.workdir, env=self._environment(), stdin=subprocess.DEVNULL,
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-            )
-        return BeatProcess(name, process, log)
-
-    def _start_beat(self) -> BeatProcess:
+    def _start_beat(self) -> ChaosProcess:
         self.spawned += 1
         name = f"beat{self.spawned}"
         scheduler = self.scheduler
@@ -314,7 +256,7 @@ class BeatChaos:
 
         self._wait(leading, 60 + self.config.lease * 4, "a leader sending slots")
 
-    def _beat_of(self, pid: int) -> BeatProcess:
+    def _beat_of(self, pid: int) -> ChaosProcess:
         for beat in self.beats:
             if beat.pid == pid:
                 return beat
@@ -478,24 +420,7 @@ class BeatChaos:
 
     # --- helpers ------------------------------------------------------------------------
 
-    def _wait(self, condition: Any, timeout: float, what: str) -> Any:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                value = condition()
-            except Exception:  # a query on a connection the server dropped
-                connections["default"].close()
-                value = None
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                logs = "\n".join(f"--- {p.name}\n{self._text(p)[-2500:]}" for p in self._processes())
-                raise AssertionError(
-                    f"beat chaos: waited {timeout:.0f} s for {what}\n{self._database_state()}\n{logs}"
-                )
-            time.sleep(0.1)
-
-    def _database_state(self) -> str:
+    def _diagnostics(self) -> str:
         """For a failed wait: the role's lock row and what every session of the
         database is doing (a paused process may hold a transaction open)."""
         from coordination import election
@@ -516,46 +441,11 @@ class BeatChaos:
             lines.append(f"(database state not read: {error})")
         return "\n".join(lines)
 
-    def _processes(self) -> list[BeatProcess]:
+    def _processes(self) -> list[ChaosProcess]:
         return [*self.beats, *([self.worker] if self.worker else [])]
 
-    @staticmethod
-    def _text(process: BeatProcess | None) -> str:
-        if process is None or not process.log.exists():
-            return ""
-        return process.log.read_text(errors="replace")
-
-    def _say(self, message: str) -> None:
-        self.out.write(message + "\n")
-
-    def _cleanup(self) -> None:
-        for process in self._processes():
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGCONT)
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            with contextlib.suppress(Exception):
-                process.process.wait(10)
-        self._clean_broker()
-        with contextlib.suppress(Exception):  # the database may be what failed
-            self._delete_periodic_task()
-        keep = os.environ.get("COORDINATION_BEAT_CHAOS_KEEP")
-        if not keep:
-            import shutil
-
-            shutil.rmtree(self.workdir, ignore_errors=True)
-
-    def _clean_broker(self) -> None:
-        broker = self.config.broker or str(getattr(settings, "CELERY_BROKER_URL", ""))
-        if not broker.startswith("redis"):
-            return
-        with contextlib.suppress(Exception):
-            import redis
-
-            client = redis.Redis.from_url(broker)
-            keys = list(client.scan_iter(match=self.prefix + "*", count=500))
-            keys += [f"_kombu.binding.{self.queue}", f"_kombu.binding_permanent.{self.queue}"]
-            client.delete(*keys)
+    def _forget(self) -> None:
+        self._delete_periodic_task()
 
 
 def slot_of(execution: dict[str, Any], interval: float) -> str:
@@ -648,7 +538,7 @@ class BeatDemo(BeatChaos):
         return report
 
     def _stepped_down(self, pid: int) -> bool:
-        return any(beat.pid == pid and "no longer leads" in self._text(beat) for beat in self.beats)
+        return any(beat.pid == pid and "no longer leads" in beat.text() for beat in self.beats)
 
     def _wait(self, condition: Any, timeout: float, what: str) -> Any:
         def echoing() -> Any:
@@ -660,7 +550,7 @@ class BeatDemo(BeatChaos):
     def _echo(self) -> None:
         """Print the beats' own lines about leading, sending and being refused."""
         for beat in self.beats:
-            text = self._text(beat)
+            text = beat.text()
             start = self._offsets.get(beat.name, 0)
             self._offsets[beat.name] = len(text)
             for line in text[start:].splitlines():

@@ -35,26 +35,18 @@ features (a plain task, ``once=False``) and the same checker finds violations.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import random
 import signal
-import subprocess
-import sys
-import tempfile
 import threading
 import time
-import uuid
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
-from django.conf import settings
 from django.db import connections
 
-from .beat import Output
+from .celery_run import CeleryChaos, ChaosProcess, Output
 from .jobs_checks import (
     lost_task_ids,
     most_at_once,
@@ -136,35 +128,15 @@ class JobsReport:
         return asdict(self)
 
 
-@dataclass
-class _Process:
-    name: str
-    process: subprocess.Popen[bytes]
-    log: Path
-    paused: bool = False
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-
-class JobsChaos:
+class JobsChaos(CeleryChaos[JobsChaosConfig]):
     """One jobs chaos run; ``run()`` always stops every process it started."""
 
+    kind = "jobs"
+    label = "jobs chaos"
+
     def __init__(self, config: JobsChaosConfig, out: Output | None = None) -> None:
-        self.config = config
-        self.out = out or sys.stdout
-        self.seed = config.seed if config.seed is not None else random.randrange(2**32)
-        self.rng = random.Random(self.seed)
-        self.workdir = Path(tempfile.mkdtemp(prefix="coordination-jobs-chaos-"))
-        self.tag = uuid.uuid4().hex[:10]
-        self.queue = f"coordination-jobs-{self.tag}"
-        self.prefix = f"coordination-jobs-{self.tag}:"
-        self.workers: list[_Process] = []
-        self.spawned = 0
+        super().__init__(config, out)
+        self.workers: list[ChaosProcess] = []
         self.faults: Counter[str] = Counter()
         self.capped_sent: list[str] = []
         self.once_sent: list[str] = []
@@ -175,15 +147,12 @@ class JobsChaos:
         self.rate_log: dict[str, set[Any]] = {key: set() for key in self.rate_keys}
         self._publishing = threading.Event()
         self._lock = threading.Lock()
-        self.started = 0.0
 
     # --- the run -------------------------------------------------------------------------
 
     def run(self) -> JobsReport:
-        try:
-            return self._run()
-        finally:
-            self._cleanup()
+        report: JobsReport = super().run()
+        return report
 
     def _run(self) -> JobsReport:
         config = self.config
@@ -192,7 +161,7 @@ class JobsChaos:
         self._create_table()
         for _ in range(config.workers):
             self._start_worker()
-        self._wait(lambda: all(" ready." in self._text(w) for w in self.workers), 120, "the workers")
+        self._wait(lambda: all(" ready." in w.text() for w in self.workers), 120, "the workers")
         self.started = time.monotonic()
         self._publishing.set()
         publisher = threading.Thread(target=self._publish, name="jobs-chaos-publisher", daemon=True)
@@ -215,22 +184,9 @@ class JobsChaos:
 
     # --- processes -----------------------------------------------------------------------
 
-    def _environment(self) -> dict[str, str]:
-        database = json.loads(json.dumps(connections["default"].settings_dict, default=str))
-        database["CONN_MAX_AGE"] = 0
-        database.pop("TEST", None)
-        import project
-
-        root = str(Path(project.__file__).resolve().parent.parent)
+    def _settings(self) -> dict[str, str]:
         config = self.config
         return {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(p for p in [root, os.environ.get("PYTHONPATH", "")] if p),
-            "DJANGO_SETTINGS_MODULE": "project.lab.chaos.jobs_settings",
-            "COORDINATION_JOBS_BASE_SETTINGS": settings.SETTINGS_MODULE,
-            "COORDINATION_JOBS_DATABASE": json.dumps(database),
-            "COORDINATION_JOBS_BROKER": self._broker(),
-            "COORDINATION_JOBS_PREFIX": self.prefix,
             "COORDINATION_JOBS_VISIBILITY": str(config.visibility),
             "COORDINATION_JOBS_ACK_DELAY": str(config.ack_delay),
             "COORDINATION_JOBS_FENCED": "1" if config.fenced else "0",
@@ -238,27 +194,14 @@ class JobsChaos:
             "COORDINATION_JOBS_TTL": str(config.ttl),
             "COORDINATION_JOBS_RUN": self.tag,
             "COORDINATION_JOBS_RATE": f"{config.rate_limit}/{config.rate_period:g}s",
-            "COORDINATION_LOG_LEVEL": "INFO",
         }
 
-    def _broker(self) -> str:
-        return self.config.broker or str(getattr(settings, "CELERY_BROKER_URL", ""))
-
-    def _start_worker(self) -> _Process:
+    def _start_worker(self) -> ChaosProcess:
         self.spawned += 1
-        name = f"worker{self.spawned}"
-        log = self.workdir / f"{name}.log"
-        command = [
-            sys.executable, "-m", "celery", "-A", self.config.celery_app, "worker", "-P", "solo",
-            "-Q", self.queue, "-n", f"jobs-chaos-{self.tag}-{self.spawned}@%h",
+        worker = self._start(f"worker{self.spawned}", [
+            "worker", "-P", "solo", "-Q", self.queue, "-n", f"jobs-chaos-{self.tag}-{self.spawned}@%h",
             "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "INFO",
-        ]
-        with open(log, "ab") as out:
-            process = subprocess.Popen(
-                command, cwd=self.workdir, env=self._environment(), stdin=subprocess.DEVNULL,
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-            )
-        worker = _Process(name, process, log)
+        ])
         self.workers.append(worker)
         return worker
 
@@ -362,12 +305,12 @@ class JobsChaos:
             time.sleep(0.05)
         return False
 
-    def _busy_worker(self, live: Sequence[_Process]) -> _Process:
+    def _busy_worker(self, live: Sequence[ChaosProcess]) -> ChaosProcess:
         recent = {row["pid"] for row in self._rows("cap", "start", None, last=20)}
         busy = [worker for worker in live if worker.pid in recent]
         return self.rng.choice(busy or list(live))
 
-    def _kill(self, worker: _Process) -> None:
+    def _kill(self, worker: ChaosProcess) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(worker.pid, signal.SIGKILL)
         worker.process.wait(10)
@@ -529,40 +472,13 @@ class JobsChaos:
 
     # --- helpers -------------------------------------------------------------------------
 
-    def _wait(self, condition: Any, timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
-        while not condition():
-            if time.monotonic() > deadline:
-                logs = "\n".join(f"--- {w.name}\n{self._text(w)[-2500:]}" for w in self.workers)
-                raise AssertionError(f"jobs chaos: waited {timeout:.0f} s for {what}\n{logs}")
-            time.sleep(0.2)
-
-    @staticmethod
-    def _text(worker: _Process) -> str:
-        return worker.log.read_text(errors="replace") if worker.log.exists() else ""
-
-    def _say(self, message: str) -> None:
-        self.out.write(message + "\n")
+    def _processes(self) -> list[ChaosProcess]:
+        return self.workers
 
     def _cleanup(self) -> None:
         self._publishing.clear()
-        for worker in self.workers:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(worker.pid, signal.SIGCONT)
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(worker.pid, signal.SIGKILL)
-            with contextlib.suppress(Exception):
-                worker.process.wait(10)
-        with contextlib.suppress(Exception):
-            import redis
+        super()._cleanup()
 
-            client = redis.Redis.from_url(self._broker())
-            keys = list(client.scan_iter(match=self.prefix + "*", count=500))
-            keys += [f"_kombu.binding.{self.queue}", f"_kombu.binding_permanent.{self.queue}"]
-            client.delete(*keys)
-        with contextlib.suppress(Exception), connections["default"].cursor() as cursor:
+    def _forget(self) -> None:
+        with connections["default"].cursor() as cursor:
             cursor.execute(f"DELETE FROM {TABLE} WHERE run = %s", [self.tag])
-        if not os.environ.get("COORDINATION_JOBS_CHAOS_KEEP"):
-            import shutil
-
-            shutil.rmtree(self.workdir, ignore_errors=True)

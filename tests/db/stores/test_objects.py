@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import threading
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
+from django.core.checks import Tags, run_checks
 from django.core.files.base import ContentFile
+from django.db import connections
 
 from coordination.exceptions import DuplicateWrite, LeaseLost, NoGrant, StaleToken, WrongLock
 from coordination.leases import use_grant
 from coordination.models import Rejection, RejectionReason
 from coordination.stores import StoreUnavailable
-from coordination.stores.checks import check_fenced_storages
+from coordination.stores.checks import check_fenced_storages, probe_fenced_storages_before_deploy
 from coordination.stores.objects import MARKER_SIZE, FencedS3Storage
 from tests.db.stores.conftest import lease, s3_client
+from tests.support.reply_losing_proxy import reply_losing_proxy
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -77,6 +81,8 @@ def test_concurrent_writers_end_at_the_highest_token(s3_endpoint: str, bucket: s
             outcomes[token] = "written"
         except StaleToken:
             outcomes[token] = "stale"
+        finally:
+            connections.close_all()  # the refusal's record used this thread's connection
 
     threads = [threading.Thread(target=write, args=(token,)) for token in tokens]
     for thread in threads:
@@ -146,6 +152,48 @@ def test_unreachable_store_is_a_clear_error_and_writes_nothing(s3_endpoint: str,
     assert store.watermark("u.txt").step == 2
 
 
+def test_a_write_whose_reply_is_lost_applied_whole_and_its_retry_is_a_duplicate(
+    s3_endpoint: str, bucket: str
+) -> None:
+    """The store applied the PUT, then the connection dropped before its answer: the
+    caller gets ``StoreUnavailable`` (outcome unknown), the object holds the data with
+    its watermark (one version: both or neither), a retry of the same step is
+    refused as already stored, and a stale token stays refused."""
+    from botocore.config import Config
+
+    host, port = urlsplit(s3_endpoint).hostname, urlsplit(s3_endpoint).port
+    assert host is not None and port is not None
+    store = storage(s3_endpoint, bucket)
+    with reply_losing_proxy(host, port) as proxy:
+        once = Config(retries={"max_attempts": 1, "mode": "standard"})
+        through = storage(f"http://127.0.0.1:{proxy.port}", bucket, max_attempts=1, client_config=once)
+        through.save_fenced("lost.txt", b"old", grant=lease("lost", 5))
+        # Every answer to a PUT of it lost: the HTTP client resends a request whose
+        # connection dropped (the resend's precondition fails at the store).
+        proxy.lose_reply_to(b"PUT ", b"/lost.txt", times=10)
+        with pytest.raises(StoreUnavailable) as caught:
+            through.save_fenced("lost.txt", b"new", grant=lease("lost", 6))
+        assert proxy.lost >= 1 and caught.value.code == "store_unavailable"
+        proxy.lose_reply_to()
+        assert read(store, "lost.txt") == b"new"
+        mark = store.watermark("lost.txt")
+        assert (mark.token, mark.step) == (6, 1)
+        with pytest.raises(DuplicateWrite):
+            store.save_fenced("lost.txt", b"new again", grant=lease("lost", 6), step=1)
+        with pytest.raises(StaleToken):
+            store.save_fenced("lost.txt", b"stale", grant=lease("lost", 5), step=2)
+        assert read(store, "lost.txt") == b"new"
+
+        # One answer lost, with the client's own retries (botocore's default): the
+        # resent PUT's precondition fails, and the write is found stored.
+        retrying = storage(f"http://127.0.0.1:{proxy.port}", bucket)
+        proxy.lose_reply_to(b"PUT ", b"/lost.txt")
+        with pytest.raises(DuplicateWrite):
+            retrying.save_fenced("lost.txt", b"newer", grant=lease("lost", 7))
+        assert proxy.lost == 1
+        assert read(store, "lost.txt") == b"newer" and store.watermark("lost.txt").token == 7
+
+
 def test_system_check_refuses_a_store_without_conditional_writes(
     s3_endpoint: str, bucket: str, settings: Any
 ) -> None:
@@ -159,6 +207,33 @@ def test_system_check_refuses_a_store_without_conditional_writes(
         "BACKEND": backend, "OPTIONS": {**base, "probe_at_check": True}}}
     assert [m.msg for m in check_fenced_storages()] == []  # moto refuses failed preconditions
     assert not storage(s3_endpoint, bucket).exists(".coordination-probe")
+
+
+def test_check_deploy_probes_a_fenced_storage_unless_its_options_say_otherwise(
+    s3_endpoint: str, bucket: str, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store nobody declared without conditional writes is still found before a
+    deploy: ``check --deploy`` probes it; a plain check makes no request."""
+    options = {"bucket_name": bucket, "endpoint_url": s3_endpoint, "access_key": "test",
+               "secret_key": "test", "region_name": "us-east-1"}
+    backend = "coordination.stores.objects.FencedS3Storage"
+    settings.STORAGES = {**settings.STORAGES, "reports": {"BACKEND": backend, "OPTIONS": options}}
+    assert probe_fenced_storages_before_deploy() == []  # moto refuses failed preconditions
+    probed: list[str] = []
+
+    def ignoring(self: FencedS3Storage) -> str:  # a store that applies them anyway
+        probed.append(self.bucket_name)
+        return "a PUT with If-None-Match: * replaced an existing object"
+
+    monkeypatch.setattr(FencedS3Storage, "probe_conditional_writes", ignoring)
+    assert check_fenced_storages() == [] and probed == []
+    found = run_checks(include_deployment_checks=True, tags=[Tags.compatibility])
+    assert [message.id for message in found if message.id.startswith("coordination.E10")] == [
+        "coordination.E102"
+    ]
+    assert probed == [bucket]
+    settings.STORAGES["reports"]["OPTIONS"] = {**options, "probe_at_check": False}
+    assert probe_fenced_storages_before_deploy() == [] and probed == [bucket]
 
 
 def test_probe_reports_a_store_that_ignores_preconditions(

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from django.db import connections
 
 from coordination.exceptions import DuplicateWrite, LeaseLost, StaleToken, WrongLock
 from coordination.leases import use_grant
@@ -18,8 +19,10 @@ from coordination.models import Rejection, RejectionReason
 from coordination.stores import StoreUnavailable
 from coordination.stores.redis import AsyncFencedRedis, FencedRedis, client_of_cache, fence_key
 from tests.db.stores.conftest import lease
+from tests.support.reply_losing_proxy import reply_losing_proxy
 
 redis = pytest.importorskip("redis")
+NoBackoff = pytest.importorskip("redis.backoff").NoBackoff
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -82,7 +85,9 @@ def test_concurrent_writers_end_at_the_highest_token(client: Any, key: str) -> N
             own.hset(key, {"by": str(token), f"t{token}": "1"}, grant=lease("race", token))
         except StaleToken:
             stale.append(token)
-        own.client.close()
+        finally:
+            own.client.close()
+            connections.close_all()  # the refusal's record used this thread's connection
 
     threads = [threading.Thread(target=write, args=(token,)) for token in tokens]
     for thread in threads:
@@ -142,6 +147,43 @@ def test_unreachable_redis_is_a_clear_error(client: Any, key: str) -> None:
         down.set(key, "x", grant=lease("u", 1))
     assert caught.value.code == "store_unavailable"
     assert not client.exists(key) and not client.exists(fence_key(key))
+
+
+def test_a_write_whose_reply_is_lost_applied_whole_and_its_retry_is_a_duplicate(
+    client: Any, key: str
+) -> None:
+    """Redis applied the script, then the connection dropped before its answer: the
+    caller gets ``StoreUnavailable`` (outcome unknown), the store holds the value
+    with its watermark (one script: both or neither), a retry of the same step is
+    refused as already stored, and a stale token stays refused."""
+    from redis.retry import Retry
+
+    address = redis.Redis.from_url(URL).connection_pool.connection_kwargs
+    with reply_losing_proxy(address["host"], address["port"]) as proxy:
+        db = address.get("db", 0)
+        through = redis.Redis(port=proxy.port, db=db, retry=Retry(NoBackoff(), 0))
+        fenced = FencedRedis(through)
+        fenced.set(key, "old", grant=lease("lost", 5))  # the script is loaded now
+        proxy.lose_reply_to(b"EVALSHA", key.encode())
+        with pytest.raises(StoreUnavailable) as caught:
+            fenced.set(key, "new", grant=lease("lost", 6))
+        assert proxy.lost == 1 and caught.value.code == "store_unavailable"
+        assert client.get(key) == b"new" and FencedRedis(client).watermark(key) == (6, 1)
+        with pytest.raises(DuplicateWrite):
+            FencedRedis(client).set(key, "new again", grant=lease("lost", 6), step=1)
+        with pytest.raises(StaleToken):
+            FencedRedis(client).set(key, "stale", grant=lease("lost", 5), step=2)
+        assert client.get(key) == b"new"
+
+        # With the client's own retries (redis-py's default), the retry finds it stored.
+        retrying = FencedRedis(redis.Redis(port=proxy.port, db=db))
+        proxy.lose_reply_to(b"EVALSHA", key.encode())
+        with pytest.raises(DuplicateWrite):
+            retrying.set(key, "newer", grant=lease("lost", 7))
+        assert proxy.lost == 1
+        assert client.get(key) == b"newer" and FencedRedis(client).watermark(key) == (7, 1)
+        through.close()
+        retrying.client.close()
 
 
 def test_the_django_cache_client(client: Any, key: str, settings: Any) -> None:
