@@ -143,6 +143,14 @@ def test_quick_bench_writes_json_table_and_chart(tmp_path: Path) -> None:
             assert worker["fenced_over_unfenced"] > 0 and worker["fenced_over_unfenced_throughput"] > 0
         else:
             assert "skipped" in worker or worker["fenced"]["tasks"] > 0
+    # A fenced write to each store beside a plain one (moto's S3 server, started by the bench).
+    stores = results["stores"]
+    assert stores["writes"] == 20
+    measured = ["s3"] + (["redis"] if os.environ.get("COORDINATION_TEST_REDIS_URL") else [])
+    for name in measured:
+        row = stores[name]
+        assert row["plain_p50_ms"] > 0 and row["fenced_p50_ms"] > 0 and row["fenced_over_plain"] > 0, row
+    assert "fenced store writes against plain ones" in done.stdout
     assert "acquire + release cycles, many keys" in done.stdout
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -15,8 +15,8 @@ Used by ``manage.py coordination_bench``; the functions here return plain
 dicts so that the command can print, chart and dump them as JSON. One module
 per part: ``common`` (the schema, the clients, the machine), ``systems`` (what
 a cycle runs), ``cycles``, ``cpu`` (statements and CPU per cycle), ``fenced``,
-``scale``, ``waiting`` (wake-ups, fairness), ``celery``, ``output`` (table,
-chart).
+``scale``, ``waiting`` (wake-ups, fairness), ``celery``, ``stores`` (fenced
+writes to S3 and Redis), ``output`` (table, chart).
 """
 
 from __future__ import annotations
@@ -56,6 +56,9 @@ from .output import (
 )
 from .scale import (
     scale_suite,
+)
+from .stores import (
+    stores_suite,
 )
 from .systems import (
     SYSTEM_GIVES,
@@ -108,6 +111,7 @@ __all__ = [
     "run_clients",
     "scale_suite",
     "statements_suite",
+    "stores_suite",
     "table",
     "wakeup_suite",
     "zookeeper_available",

@@ -54,6 +54,9 @@ class BenchConfig:
     cpu_cycles: int = 1000
     cpu_blocks: int = 9
     celery: bool = True
+    # The stores part: writes of each kind, and an S3 endpoint (None: moto's server).
+    store_writes: int = 300
+    s3_endpoint: str | None = None
     # The cycle systems to run (None: all); the floors always run, as every
     # ratio is taken against them.
     systems: list[str] | None = None

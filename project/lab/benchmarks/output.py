@@ -232,6 +232,21 @@ def table(results: dict[str, Any]) -> str:
                     f"(over fenced {local['once_over_fenced']:.2f}); a completed task id "
                     f"again: p50 {_ms(local['once_repeat']['p50_ms'])} ms"
                 )
+    stores = results.get("stores")
+    if stores:
+        lines.append("")
+        lines.append(f"fenced store writes against plain ones, 1 writer, {stores['writes']} each")
+        for name, label in (("s3", "S3 object, 1 KiB"), ("redis", "Redis key")):
+            row = stores.get(name, {})
+            if "skipped" in row:
+                lines.append(f"{label:<18} skipped ({row['skipped']})")
+            elif row:
+                lines.append(
+                    f"{label:<18} plain p50 {_ms(row['plain_p50_ms'])} ms, "
+                    f"p90 {_ms(row['plain_p90_ms'])} ms; "
+                    f"fenced p50 {_ms(row['fenced_p50_ms'])} ms, p90 {_ms(row['fenced_p90_ms'])} ms; "
+                    f"x plain {_ratio(row['fenced_over_plain'])}"
+                )
     return "\n".join(lines) + "\n"
 
 

@@ -43,7 +43,8 @@ class Command(BaseCommand):
             help="rounds per measurement, systems shuffled each round (default 3)",
         )
         parser.add_argument(
-            "--redis-url", help="Redis for the python-redis-lock peer and the Celery worker's broker",
+            "--redis-url",
+            help="Redis for the python-redis-lock peer, the Celery worker's broker and the stores part",
         )
         parser.add_argument(
             "--etcd-url",
@@ -72,10 +73,16 @@ class Command(BaseCommand):
             "--systems",
             help="cycle systems to run, comma-separated (default: all; the two floors always run)",
         )
+        parser.add_argument(
+            "--s3-endpoint",
+            help="an S3-compatible endpoint for the stores part (default: moto's S3 server, started here)",
+        )
         parser.add_argument("--skip-scale", action="store_true", help="skip the row-count runs")
         parser.add_argument(
             "--only",
-            choices=["cycles", "cpu", "statements", "fenced", "scale", "wakeup", "fairness", "celery"],
+            choices=[
+                "cycles", "cpu", "statements", "fenced", "scale", "wakeup", "fairness", "celery", "stores",
+            ],
             action="append",
             help="run only these parts (repeatable)",
         )
@@ -99,7 +106,7 @@ class Command(BaseCommand):
         config = self._config(options)
         parts = set(
             options["only"]
-            or ["cycles", "cpu", "statements", "fenced", "scale", "wakeup", "fairness", "celery"]
+            or ["cycles", "cpu", "statements", "fenced", "scale", "wakeup", "fairness", "celery", "stores"]
         )
         vendor = connections[app_settings.DATABASE].vendor
         results: dict[str, Any] = {
@@ -144,6 +151,8 @@ class Command(BaseCommand):
                 results["fairness"] = benchmarks.fairness_suite(config, alias, self._progress)
             if "celery" in parts:
                 results["celery"] = benchmarks.celery_suite(config, alias, self._progress)
+            if "stores" in parts:
+                results["stores"] = benchmarks.stores_suite(config, self._progress)
         if "scale" in parts and config.include_scale:
             if vendor != "postgresql":
                 results["scale"] = {"skipped": "the bulk row generation is PostgreSQL only"}
@@ -186,6 +195,7 @@ class Command(BaseCommand):
             scale_database=options["scale_database"],
             include_scale=not options["skip_scale"],
             systems=options["systems"].split(",") if options["systems"] else None,
+            s3_endpoint=options["s3_endpoint"],
         )
         if options["quick"]:
             config.clients = [1, 2]
@@ -198,6 +208,7 @@ class Command(BaseCommand):
             config.fair_threads = 3
             config.celery_rounds = 20
             config.statement_cycles = 50
+            config.store_writes = 20
             config.cpu_cycles, config.cpu_blocks = 50, 1
         return config
 
