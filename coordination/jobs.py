@@ -44,11 +44,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import DatabaseError, IntegrityError, connections, transaction
+from django.db import DatabaseError, IntegrityError, transaction
 from django.db.models import F, OuterRef, Subquery
 
 from . import locks
-from .backends import dialect_of
+from .backends import get_backend
+from .backends.outcomes import ExecutionRecord
 from .conf import app_settings
 from .exceptions import InvalidInput
 from .logfields import LogFields
@@ -276,22 +277,13 @@ def record_execution(
     """Record that an execution of ``task`` started under ``grant`` (and ``permit``):
     one INSERT, whose commit does not wait for its flush where the database
     allows (a crash may lose a record, never a grant). Never raises: a failure
-    is logged, and the execution only goes unseen on the jobs page."""
-    alias = using or app_settings.DATABASE
-    try:
-        record = Execution(
-            task=task[:255], task_id=(task_id or "")[:255], attempt=attempt, worker=worker[:200],
-            lock_key=grant.key, token=grant.token,
-            permit_key=permit.key if permit is not None else "",
-            permit_token=permit.token if permit is not None else None,
-            ttl=(grant.expires_at - grant.acquired_at).total_seconds(),
-        )
-        connection = connections[alias]
-        dialect_of(connection).insert_without_flush_wait(connection, record)
-    except Exception as error:
-        logger.warning(
-            "execution not recorded %s", LogFields(task=task, key=grant.key, token=grant.token, error=error)
-        )
+    is logged, and the execution only goes unseen on the jobs page.
+
+    A fenced execution without permits writes its record with its grant instead
+    (:func:`coordination.locks.acquire_recorded`)."""
+    get_backend(using).write_record(
+        ExecutionRecord.of(task, task_id, attempt, worker), grant, permit
+    )
 
 
 def executions_of(rows: Any, key: str = "lock_key", token: str = "token") -> Any:
