@@ -36,6 +36,7 @@ also needs ``revoke`` on each running execution's own key.
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 import logging
 import os
@@ -49,9 +50,10 @@ from django.db.models import F, OuterRef, Subquery
 
 from . import locks
 from .backends import get_backend
-from .backends.outcomes import ExecutionRecord
+from .backends.outcomes import Acquired, ExecutionRecord
 from .conf import app_settings
 from .exceptions import InvalidInput
+from .leases import Lease
 from .logfields import LogFields
 from .models import (
     RATE_BUCKET_MAX_LENGTH,
@@ -65,11 +67,21 @@ from .models import (
     ReportedTask,
     WhenPaused,
     template_fields,
+    validate_holder,
     validate_key,
+)
+from .waiting import (
+    Waiter,
+    announce_grant,
+    await_grant,
+    grant_point_call,
+    grant_timings,
+    wait_for_grant,
 )
 
 __all__ = [
-    "Policy", "Running", "cap_name", "clear_cache", "declare_task", "executions_of", "known_tasks",
+    "Policy", "Running", "aacquire_execution", "acquire_execution", "cap_name", "clear_cache",
+    "declare_task", "executions_of", "known_tasks",
     "pause", "permit_name", "policy_for", "rate_bucket", "record_execution", "report_tasks",
     "resume", "running", "tally", "template_refusal", "unknown_task",
 ]
@@ -280,10 +292,49 @@ def record_execution(
     is logged, and the execution only goes unseen on the jobs page.
 
     A fenced execution without permits writes its record with its grant instead
-    (:func:`coordination.locks.acquire_recorded`)."""
+    (:func:`acquire_execution`)."""
     get_backend(using).write_record(
         ExecutionRecord.of(task, task_id, attempt, worker), grant, permit
     )
+
+
+def acquire_execution(
+    key: str, record: ExecutionRecord, *, holder: str, ttl: float | None = None,
+    wait: float = 0.0, using: str | None = None,
+) -> Lease:
+    """:func:`~coordination.locks.acquire` for a fenced execution: the same grant,
+    guarantees and errors, and with the grant the execution's ``record`` (what
+    :func:`record_execution` writes). Where the grant point can, the record is
+    written in the grant's own transaction (PostgreSQL's functions: no round
+    trip of its own); else right after it. A record that cannot be written is
+    logged, never raised."""
+    key, holder = validate_key(key), validate_holder(holder)
+    lease_seconds, wait, delay = grant_timings(ttl, wait, None)
+    backend = get_backend(using)
+
+    def attempt(ticket: int | None) -> Acquired:
+        return backend.acquire_recorded(key, holder, lease_seconds, delay, ticket, record)
+
+    started = time.monotonic()
+    if wait == 0:
+        with grant_point_call("acquire", key, using):
+            acquired = attempt(None)
+    else:
+        waiter = Waiter(backend, key, holder, fair=False, wait=wait)
+        acquired = wait_for_grant(attempt, wait=wait, waiter=waiter, key=key, using=using)
+    return announce_grant(acquired, holder, time.monotonic() - started)
+
+
+async def aacquire_execution(
+    key: str, record: ExecutionRecord, *, holder: str, ttl: float | None = None,
+    wait: float = 0.0, using: str | None = None,
+) -> Lease:
+    """:func:`acquire_execution` for async code, as ``locks.aacquire`` runs ``acquire()``."""
+
+    def attempt() -> Lease:
+        return acquire_execution(key, record, holder=holder, ttl=ttl, using=using)
+
+    return await await_grant(attempt, wait=wait, release=functools.partial(locks.release, using=using))
 
 
 def executions_of(rows: Any, key: str = "lock_key", token: str = "token") -> Any:

@@ -45,7 +45,6 @@ from typing import ParamSpec, TypeVar
 
 from . import aio, signals
 from .backends import get_backend
-from .backends.outcomes import Acquired, ExecutionRecord
 from .conf import app_settings
 from .exceptions import InvalidInput, LeaseLost
 from .keepalive import AsyncKeepAlive
@@ -148,61 +147,23 @@ def acquire(
         entered = _reenter(key, holder, using)
         if entered is not None:
             return entered
-    lease = _grant(key, holder, ttl, wait, fair, lock_delay, using, None)
-    if reentrant:
-        _held_here()[(_alias(using), key)] = _Reentry(lease, _execution())
-    return lease
-
-
-def acquire_recorded(
-    key: str,
-    record: ExecutionRecord,
-    *,
-    holder: str,
-    ttl: float | None = None,
-    wait: float = 0.0,
-    using: str | None = None,
-) -> Lease:
-    """:func:`acquire` for a fenced execution (:mod:`coordination.contrib.execution`):
-    the same grant, guarantees and errors, and with the grant the execution's
-    ``record`` (:class:`~coordination.models.Execution`, the jobs page's running
-    executions). Where the grant point can, the record is written in the
-    grant's own transaction (PostgreSQL's functions: one round trip); else
-    right after it. A record that cannot be written is logged, never raised."""
-    key = validate_key(key)
-    holder = validate_holder(holder)
-    return _grant(key, holder, ttl, wait, False, None, using, record)
-
-
-def _grant(
-    key: str,
-    holder: str,
-    ttl: float | None,
-    wait: float,
-    fair: bool,
-    lock_delay: float | None,
-    using: str | None,
-    record: ExecutionRecord | None,
-) -> Lease:
     lease_seconds, wait, delay = grant_timings(ttl, wait, lock_delay)
     backend = get_backend(using)
-
-    def attempt(ticket: int | None) -> Acquired:
-        if record is None:
-            return backend.acquire(key, holder, lease_seconds, delay, ticket)
-        return backend.acquire_recorded(key, holder, lease_seconds, delay, ticket, record)
-
     started = time.monotonic()
     if wait == 0:
         # One attempt, granted or refused: the wait loop would add nothing but its own cost.
         with grant_point_call("acquire", key, using):
-            acquired = attempt(None)
+            acquired = backend.acquire(key, holder, lease_seconds, delay, None)
     else:
         acquired = wait_for_grant(
-            attempt, wait=wait, waiter=Waiter(backend, key, holder, fair=fair, wait=wait), key=key,
+            lambda ticket: backend.acquire(key, holder, lease_seconds, delay, ticket),
+            wait=wait, waiter=Waiter(backend, key, holder, fair=fair, wait=wait), key=key,
             using=using,
         )
-    return announce_grant(acquired, holder, time.monotonic() - started)
+    lease = announce_grant(acquired, holder, time.monotonic() - started)
+    if reentrant:
+        _held_here()[(_alias(using), key)] = _Reentry(lease, _execution())
+    return lease
 
 
 def release(grant: Lease, *, using: str | None = None) -> Lease:
@@ -530,23 +491,6 @@ async def aacquire(
 
     def attempt() -> Lease:
         return acquire(key, holder=holder, ttl=ttl, wait=0.0, lock_delay=lock_delay, using=using)
-
-    return await await_grant(attempt, wait=wait, release=functools.partial(release, using=using))
-
-
-async def aacquire_recorded(
-    key: str,
-    record: ExecutionRecord,
-    *,
-    holder: str,
-    ttl: float | None = None,
-    wait: float = 0.0,
-    using: str | None = None,
-) -> Lease:
-    """:func:`acquire_recorded` for async code, as :func:`aacquire` runs ``acquire()``."""
-
-    def attempt() -> Lease:
-        return acquire_recorded(key, record, holder=holder, ttl=ttl, wait=0.0, using=using)
 
     return await await_grant(attempt, wait=wait, release=functools.partial(release, using=using))
 

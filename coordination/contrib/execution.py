@@ -343,7 +343,7 @@ class _Machine(_Execution):
 
     def _acquire_lease(self, key: str, limit: int | None, record: ExecutionRecord | None) -> Lease:
         if record is not None:
-            return locks.acquire_recorded(
+            return jobs.acquire_execution(
                 key, record, holder=self.holder, ttl=self.ttl, wait=self.wait, using=self.using
             )
         if limit is None:
@@ -354,7 +354,7 @@ class _Machine(_Execution):
 
     async def _aacquire_lease(self, key: str, limit: int | None, record: ExecutionRecord | None) -> Lease:
         if record is not None:
-            return await locks.aacquire_recorded(
+            return await jobs.aacquire_execution(
                 key, record, holder=self.holder, ttl=self.ttl, wait=self.wait, using=self.using
             )
         if limit is None:

@@ -70,11 +70,11 @@ def test_a_refused_acquire_records_nothing() -> None:
     record = ExecutionRecord.of(TASK, "m-8", 1, "w:1")
 
     with pytest.raises(LockHeld):
-        locks.acquire_recorded("records:b", record, holder="records", ttl=5)
+        jobs.acquire_execution("records:b", record, holder="records", ttl=5)
 
     assert not Execution.objects.filter(lock_key="records:b").exclude(token=holder.token).exists()
     locks.release(holder)
-    grant = locks.acquire_recorded("records:b", record, holder="records", ttl=5, wait=1)
+    grant = jobs.acquire_execution("records:b", record, holder="records", ttl=5, wait=1)
     assert list(Execution.objects.filter(lock_key="records:b").values_list("token", "task_id")) == [
         (grant.token, "m-8")
     ]
@@ -93,7 +93,7 @@ def test_with_a_max_running_permit_the_record_names_the_permit() -> None:
 def test_values_too_long_for_their_columns_are_cut_and_nul_characters_dropped() -> None:
     record = ExecutionRecord.of("t" * 300, "i\x00d" * 100, 1, "w" * 300)
 
-    grant = locks.acquire_recorded("records:d", record, holder="records", ttl=5)
+    grant = jobs.acquire_execution("records:d", record, holder="records", ttl=5)
     locks.release(grant)
 
     row = Execution.objects.get(lock_key="records:d", token=grant.token)
@@ -105,7 +105,7 @@ def test_values_too_long_for_their_columns_are_cut_and_nul_characters_dropped() 
 def test_on_postgresql_the_record_is_part_of_the_grants_own_transaction() -> None:
     record = ExecutionRecord.of(TASK, "m-9", 1, "w:1")
     with CaptureQueriesContext(connection) as sent:
-        grant = locks.acquire_recorded("records:e", record, holder="records", ttl=5)
+        grant = jobs.acquire_execution("records:e", record, holder="records", ttl=5)
 
     # Nothing after the grant's own call: no statement of the record's own...
     assert sent.captured_queries == []
