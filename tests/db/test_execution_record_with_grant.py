@@ -11,6 +11,7 @@ there without it); on the other backends right after the grant. With a
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import pytest
@@ -118,4 +119,18 @@ def test_on_postgresql_the_record_is_part_of_the_grants_own_transaction() -> Non
             ["records:e", grant.token, Grant.objects.get(lock__key="records:e", token=grant.token).pk],
         )
         assert cursor.fetchone() == (True,)
+    locks.release(grant)
+
+
+def test_a_record_the_database_refuses_never_fails_the_grant(caplog: pytest.LogCaptureFixture) -> None:
+    # A negative attempt breaks the column's check: on PostgreSQL the grant's own
+    # statement rolls back and the grant is made alone; elsewhere the insert after it fails.
+    record = ExecutionRecord(TASK, "m-10", -1, "w:1")
+
+    with caplog.at_level(logging.WARNING, logger="coordination.tasks"):
+        grant = jobs.acquire_execution("records:g", record, holder="records", ttl=5)
+
+    assert Grant.objects.filter(lock__key="records:g", token=grant.token, ended_at=None).exists()
+    assert not Execution.objects.filter(lock_key="records:g").exists()
+    assert any("execution not recorded" in line.getMessage() for line in caplog.records)
     locks.release(grant)

@@ -301,6 +301,9 @@ WITH granted AS MATERIALIZED (
 )
 SELECT * FROM granted
 """
+# The classes of SQLSTATE a refused record raises (a value, a constraint, a
+# missing table, column or privilege): the grant is then made without it.
+RECORD_REFUSED = ("22", "23", "42")
 RELEASE = f"SELECT * FROM {RELEASE_FUNCTION}(%s, %s, %s, %s, %s)"
 
 # A waiter says until when it may wait, before its next attempt; a release

@@ -48,6 +48,7 @@ from .functions import (
     IDLE,
     LISTEN,
     NOTIFY,
+    RECORD_REFUSED,
     RELEASE,
     UNDEFINED_FUNCTION,
     WAKE_ME,
@@ -251,7 +252,15 @@ class PostgreSQLGrantPoint(PostgreSQLOrmGrantPoint):
     ) -> Acquired:
         # The record in the grant's own statement: no round trip, no commit of its own.
         refuse_in_caller_transaction(self.connection)
-        return self._grant(key, holder, ttl, lock_delay, ticket, record)
+        try:
+            return self._grant(key, holder, ttl, lock_delay, ticket, record)
+        except DatabaseError as error:
+            if (_sqlstate(error) or "")[:2] not in RECORD_REFUSED:
+                raise
+        # The statement refused the record (its table or a privilege missing, a
+        # value it does not take) and rolled back: nothing was granted. The grant
+        # alone, then the record as the other backends write it, logged if refused.
+        return super().acquire_recorded(key, holder, ttl, lock_delay, ticket, record)
 
     def grant_in_transaction(
         self, key: str, holder: str, ttl: float, lock_delay: float, ticket: int | None
