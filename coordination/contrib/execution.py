@@ -207,12 +207,7 @@ class _Execution(_Limits):
         PostgreSQL), or None when it is written after the permits and limits: a
         ``max_running`` permit goes into the record, and an execution over a cap
         or a rate gives its grant back without running."""
-        policy = self.policy
-        if (
-            self.name is None or self.concurrency is not None or self.max_running is not None
-            or self.rate is not None
-            or (policy is not None and (policy.key_cap is not None or policy.rate_limit is not None))
-        ):
+        if self.name is None or self.concurrency is not None or self.max_running is not None or self._limited:
             return None
         return ExecutionRecord.of(self.name, self.task_id, self.attempt, this_process())
 

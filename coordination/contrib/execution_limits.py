@@ -150,9 +150,19 @@ class _Limits:
             return None
         return RateLimited(bucket, rate, decision.countdown)
 
+    @property
+    def _limited(self) -> bool:
+        """Whether a cap per key or a rate may apply (the policy's, the decorator's)."""
+        policy = self.policy
+        return self.rate is not None or (
+            policy is not None and (policy.key_cap is not None or policy.rate_limit is not None)
+        )
+
     def _limit_steps(self, grant: Lease) -> steps.Steps[None]:
         """The cap per key's permit, then the rate's start; on a refusal (or an
         error) every lease taken so far is given back before it propagates."""
+        if not self._limited:
+            return
         try:
             cap = yield steps.Call(self._cap_in_force)
             if cap is not None:
