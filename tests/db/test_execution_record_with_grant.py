@@ -44,7 +44,7 @@ def execute(key: str, **options: Any) -> Any:
     ).run(lambda: locks.current_grant())
 
 
-def test_an_execution_records_its_task_message_worker_and_grant() -> None:
+def test_an_execution_records_its_task_message_worker_and_grant(grant_point: str) -> None:
     grant = execute("records:a")
 
     row = Execution.objects.get(lock_key="records:a", token=grant.token)
@@ -66,7 +66,7 @@ def test_an_async_execution_records_itself_the_same_way() -> None:
     assert (row.task, row.task_id, row.attempt, row.worker) == (TASK, "m-1", 1, this_process())
 
 
-def test_a_refused_acquire_records_nothing() -> None:
+def test_a_refused_acquire_records_nothing(grant_point: str) -> None:
     holder = locks.acquire("records:b", holder="someone else", ttl=30)
     record = ExecutionRecord.of(TASK, "m-8", 1, "w:1")
 
@@ -122,7 +122,9 @@ def test_on_postgresql_the_record_is_part_of_the_grants_own_transaction() -> Non
     locks.release(grant)
 
 
-def test_a_record_the_database_refuses_never_fails_the_grant(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_record_the_database_refuses_never_fails_the_grant(
+    grant_point: str, caplog: pytest.LogCaptureFixture
+) -> None:
     # A negative attempt breaks the column's check: on PostgreSQL the grant's own
     # statement rolls back and the grant is made alone; elsewhere the insert after it fails.
     record = ExecutionRecord(TASK, "m-10", -1, "w:1")
