@@ -31,6 +31,11 @@ Under the access rules a policy is the lock key ``task:<task>``: seeing it
 needs ``read`` on that key, changing, pausing or resuming it ``revoke``
 (operators' steering, like revoking a lease); "pause and revoke running"
 also needs ``revoke`` on each running execution's own key.
+
+The executions themselves are recorded here too: :func:`acquire_execution`
+takes an execution's grant with its record (in the grant's own statement
+where the grant point can), :func:`record_execution` writes one after its
+permits, and :func:`running` reads them back.
 """
 
 from __future__ import annotations
