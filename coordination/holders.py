@@ -25,9 +25,17 @@ _TASK_HOLDER = re.compile(
 )
 
 
+_this_process: tuple[int, str] = (0, "")
+
+
 def this_process() -> str:
-    """This process, as holders name it: ``<host>:<pid>``."""
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """This process, as holders name it: ``<host>:<pid>`` (the host's name looked
+    up once per process: a forked child, with a pid of its own, looks again)."""
+    global _this_process
+    pid = os.getpid()
+    if _this_process[0] != pid:
+        _this_process = (pid, f"{socket.gethostname()}:{pid}")
+    return _this_process[1]
 
 
 def task_holder(task_name: str, task_id: str | None, attempt: int, *, max_length: int) -> str:

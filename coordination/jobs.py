@@ -31,11 +31,17 @@ Under the access rules a policy is the lock key ``task:<task>``: seeing it
 needs ``read`` on that key, changing, pausing or resuming it ``revoke``
 (operators' steering, like revoking a lease); "pause and revoke running"
 also needs ``revoke`` on each running execution's own key.
+
+The executions themselves are recorded here too: :func:`acquire_execution`
+takes an execution's grant with its record (in the grant's own statement
+where the grant point can), :func:`record_execution` writes one after its
+permits, and :func:`running` reads them back.
 """
 
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 import logging
 import os
@@ -44,13 +50,15 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import DatabaseError, IntegrityError, connections, transaction
+from django.db import DatabaseError, IntegrityError, transaction
 from django.db.models import F, OuterRef, Subquery
 
 from . import locks
-from .backends import dialect_of
+from .backends import get_backend
+from .backends.outcomes import Acquired, ExecutionRecord
 from .conf import app_settings
 from .exceptions import InvalidInput
+from .leases import Lease
 from .logfields import LogFields
 from .models import (
     RATE_BUCKET_MAX_LENGTH,
@@ -64,12 +72,22 @@ from .models import (
     ReportedTask,
     WhenPaused,
     template_fields,
+    validate_holder,
     validate_key,
+)
+from .waiting import (
+    Waiter,
+    announce_grant,
+    await_grant,
+    grant_point_call,
+    grant_timings,
+    wait_for_grant,
 )
 
 __all__ = [
-    "HeldLeases", "Policy", "Running", "cap_name", "clear_cache", "declare_task", "executions_of",
-    "known_tasks", "pause", "permit_name", "policy_for", "rate_bucket", "record_execution", "report_tasks",
+    "HeldLeases", "Policy", "Running", "aacquire_execution", "acquire_execution", "cap_name",
+    "clear_cache", "declare_task", "executions_of", "known_tasks",
+    "pause", "permit_name", "policy_for", "rate_bucket", "record_execution", "report_tasks",
     "resume", "running", "tally", "template_refusal", "unknown_task",
 ]
 
@@ -297,24 +315,52 @@ def record_execution(
     ``max_running``'s, and ``cap_permit``, the cap per key's):
     one INSERT, whose commit does not wait for its flush where the database
     allows (a crash may lose a record, never a grant). Never raises: a failure
-    is logged, and the execution only goes unseen on the jobs page."""
-    alias = using or app_settings.DATABASE
-    try:
-        record = Execution(
-            task=task[:255], task_id=(task_id or "")[:255], attempt=attempt, worker=worker[:200],
-            lock_key=grant.key, token=grant.token,
-            permit_key=permit.key if permit is not None else "",
-            permit_token=permit.token if permit is not None else None,
-            cap_permit_key=cap_permit.key if cap_permit is not None else "",
-            cap_permit_token=cap_permit.token if cap_permit is not None else None,
-            ttl=(grant.expires_at - grant.acquired_at).total_seconds(),
-        )
-        connection = connections[alias]
-        dialect_of(connection).insert_without_flush_wait(connection, record)
-    except Exception as error:
-        logger.warning(
-            "execution not recorded %s", LogFields(task=task, key=grant.key, token=grant.token, error=error)
-        )
+    is logged, and the execution only goes unseen on the jobs page.
+
+    A fenced execution without permits writes its record with its grant instead
+    (:func:`acquire_execution`)."""
+    get_backend(using).write_record(
+        ExecutionRecord.of(task, task_id, attempt, worker), grant, permit, cap_permit
+    )
+
+
+def acquire_execution(
+    key: str, record: ExecutionRecord, *, holder: str, ttl: float | None = None,
+    wait: float = 0.0, using: str | None = None,
+) -> Lease:
+    """:func:`~coordination.locks.acquire` for a fenced execution: the same grant,
+    guarantees and errors, and with the grant the execution's ``record`` (what
+    :func:`record_execution` writes). Where the grant point can, the record is
+    written in the grant's own transaction (PostgreSQL's functions: no round
+    trip of its own); else right after it. A record that cannot be written is
+    logged, never raised."""
+    key, holder = validate_key(key), validate_holder(holder)
+    lease_seconds, wait, delay = grant_timings(ttl, wait, None)
+    backend = get_backend(using)
+
+    def attempt(ticket: int | None) -> Acquired:
+        return backend.acquire_recorded(key, holder, lease_seconds, delay, ticket, record)
+
+    started = time.monotonic()
+    if wait == 0:
+        with grant_point_call("acquire", key, using):
+            acquired = attempt(None)
+    else:
+        waiter = Waiter(backend, key, holder, fair=False, wait=wait)
+        acquired = wait_for_grant(attempt, wait=wait, waiter=waiter, key=key, using=using)
+    return announce_grant(acquired, holder, time.monotonic() - started)
+
+
+async def aacquire_execution(
+    key: str, record: ExecutionRecord, *, holder: str, ttl: float | None = None,
+    wait: float = 0.0, using: str | None = None,
+) -> Lease:
+    """:func:`acquire_execution` for async code, as ``locks.aacquire`` runs ``acquire()``."""
+
+    def attempt() -> Lease:
+        return acquire_execution(key, record, holder=holder, ttl=ttl, using=using)
+
+    return await await_grant(attempt, wait=wait, release=functools.partial(locks.release, using=using))
 
 
 def executions_of(rows: Any, key: str = "lock_key", token: str = "token") -> Any:

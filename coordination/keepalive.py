@@ -197,13 +197,11 @@ class KeepAlive(Renewals):
     ) -> None:
         super().__init__(grant, ttl=ttl, using=using, linked=linked)
         self._stopping = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, name=f"coordination-keepalive-{grant.key}#{grant.token}", daemon=True
-        )
+        # Made when it is started: most keep-alives never need one.
+        self._thread: threading.Thread | None = None
         # Orders the starter's start of the thread against stop(): a keep-alive
         # stopped first never starts its thread; one started first is joined.
         self._start_lock = threading.Lock()
-        self._started = False
 
     def start(self) -> KeepAlive:
         """Schedule the keep-alive; its own thread starts half way to the first
@@ -220,12 +218,12 @@ class KeepAlive(Renewals):
         """
         with self._start_lock:
             self._stopping.set()
-            started = self._started
-        if not started:
+            thread = self._thread
+        if thread is None:
             _starter().forget()
             return
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(max(self.ttl, 1.0))
+        if thread.is_alive() and thread is not threading.current_thread():
+            thread.join(max(self.ttl, 1.0))
 
     def _start_thread(self) -> None:
         """Called by the starter thread once the first renewal draws near: start
@@ -235,13 +233,17 @@ class KeepAlive(Renewals):
         with self._start_lock:
             if self._stopping.is_set():
                 return
+            thread = threading.Thread(
+                target=self._run, name=f"coordination-keepalive-{self.grant.key}#{self.grant.token}",
+                daemon=True,
+            )
             try:
-                self._thread.start()
+                thread.start()
             except Exception as error:
                 self._stopping.set()
                 failed: BaseException | None = error
             else:
-                self._started = True
+                self._thread = thread
                 failed = None
         if failed is not None:
             self._lose(failed)

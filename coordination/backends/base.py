@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import abc
 import datetime as dt
+import logging
 import secrets
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -31,9 +32,11 @@ from django.db.models.sql import InsertQuery, Query
 from ..conf import app_settings
 from ..exceptions import InTransaction, LeaseLost, LockHeld, TokenExhausted
 from ..leases import Lease
+from ..logfields import LogFields
 from ..models import (
     MAX_TOKEN,
     DatabaseNow,
+    Execution,
     Grant,
     GrantMode,
     Lock,
@@ -41,13 +44,14 @@ from ..models import (
     TokenFloor,
     lease_matches,
 )
-from .outcomes import Acquired, Ended, TakenOver
+from .outcomes import Acquired, Ended, ExecutionRecord, TakenOver
 from .queue import FairQueue
 
 __all__ = [
     "WAKE_UP_CHANNEL",
     "Acquired",
     "Ended",
+    "ExecutionRecord",
     "GrantPoint",
     "IdleBound",
     "Listener",
@@ -61,6 +65,9 @@ __all__ = [
     "next_token",
     "refuse_in_caller_transaction",
 ]
+
+# The record of an execution is the tasks' bookkeeping: its failures are logged there.
+logger = logging.getLogger("coordination.tasks")
 
 WAKE_UP_CHANNEL = "coordination_lock"
 """PostgreSQL NOTIFY channel of releases and revocations; the payload is the key."""
@@ -224,7 +231,7 @@ def refuse_in_caller_transaction(connection: BaseDatabaseWrapper) -> None:
 # --- the app's SQL ----------------------------------------------------------------------
 
 APP_TABLES: Mapping[str, type[models.Model]] = {
-    "lock": Lock, "grant": Grant, "ticket": Ticket, "floor": TokenFloor,
+    "lock": Lock, "grant": Grant, "ticket": Ticket, "floor": TokenFloor, "execution": Execution,
 }
 _SQL_TEXT: dict[tuple[str, str], str] = {}
 
@@ -280,9 +287,13 @@ within milliseconds; only a paused or hung client waits that long)."""
 
 class IdleBound(Protocol):
     """What a grant point asks of its database's dialect, which makes it and hands
-    itself over (``Dialect.grant_point``): the bound on an idle transaction."""
+    itself over (``Dialect.grant_point``): the bound on an idle transaction, and
+    the insert of bookkeeping that need not wait for the disk."""
 
     def bound_idle_transaction(self, connection: BaseDatabaseWrapper, seconds: float) -> None:
+        ...
+
+    def insert_without_flush_wait(self, connection: BaseDatabaseWrapper, record: models.Model) -> None:
         ...
 
 
@@ -328,6 +339,44 @@ class GrantPoint(FairQueue):
         lease it takes over, records the new grant and consumes the ticket.
         Raises the :func:`grant_refusal` of the lock when it is not grantable.
         """
+
+    def acquire_recorded(
+        self, key: str, holder: str, ttl: float, lock_delay: float, ticket: int | None,
+        record: ExecutionRecord,
+    ) -> Acquired:
+        """:meth:`acquire` for a fenced execution, which also writes its ``record``
+        under the grant: only with a grant, and never failing it. By default
+        the record is written after the grant (:meth:`write_record`); a backend
+        may write it in the grant's own transaction instead."""
+        acquired = self.acquire(key, holder, ttl, lock_delay, ticket)
+        self.write_record(record, acquired.lease)
+        return acquired
+
+    def write_record(
+        self, record: ExecutionRecord, grant: Lease, permit: Lease | None = None,
+        cap_permit: Lease | None = None,
+    ) -> None:
+        """Record that a fenced execution started under ``grant`` (and ``permit``,
+        ``max_running``'s, and ``cap_permit``, the cap per key's):
+        one INSERT, whose commit does not wait for its flush where the database
+        allows (a crash may lose a record, never a grant). Never raises: a
+        failure is logged, and the execution only goes unseen on the jobs page."""
+        try:
+            row = Execution(
+                task=record.task, task_id=record.task_id, attempt=record.attempt,
+                worker=record.worker, lock_key=grant.key, token=grant.token,
+                permit_key=permit.key if permit is not None else "",
+                permit_token=permit.token if permit is not None else None,
+                cap_permit_key=cap_permit.key if cap_permit is not None else "",
+                cap_permit_token=cap_permit.token if cap_permit is not None else None,
+                ttl=(grant.expires_at - grant.acquired_at).total_seconds(),
+            )
+            self.dialect.insert_without_flush_wait(self.connection, row)
+        except Exception as error:
+            logger.warning(
+                "execution not recorded %s",
+                LogFields(task=record.task, key=grant.key, token=grant.token, error=error),
+            )
 
     @abc.abstractmethod
     def grant_in_transaction(

@@ -56,7 +56,7 @@ from .execution import (
     validate_on_busy,
 )
 from .execution_limits import call_arguments, check_rate, parameters_of
-from .lock_keys import check_template
+from .lock_keys import check_template, signature_of
 from .unique import UniqueFor, UniqueGate, UniqueSpec, unique_spec
 
 __all__ = ["ENQUEUE_TOKEN_HEADER", "REFUSALS", "FencedTask", "Skipped", "fenced_task", "supersede_key"]
@@ -213,7 +213,8 @@ class FencedTask(Task[_P, _R]):
             task_id=request.id,
             attempt=request.retries + 1,
             once=self.fenced_once,
-            arguments=call_arguments(inspect.signature(self.run), args, kwargs),
+            # Bound only if a policy's or the rate's key template is rendered.
+            arguments=lambda: call_arguments(signature_of(self.run), args, kwargs),
             rate=self.fenced_rate,
             rate_key=self.fenced_rate_key,
         )

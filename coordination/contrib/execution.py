@@ -32,16 +32,16 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-import os
-import socket
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager
 from typing import Any, Required, TypedDict, TypeVar, Unpack, cast
 
 from .. import aio, jobs, locks, signals
+from ..backends.outcomes import ExecutionRecord
 from ..conf import app_settings
 from ..exceptions import InvalidInput, LockHeld
+from ..holders import this_process
 from ..keepalive import AsyncKeepAlive, KeepAlive
 from ..leases import Lease
 from ..logfields import LogFields
@@ -199,9 +199,18 @@ class _Execution(_Limits):
         if self.name is not None and self.grant is not None:
             jobs.record_execution(
                 self.name, self.grant, task_id=self.task_id, attempt=self.attempt,
-                worker=f"{socket.gethostname()}:{os.getpid()}", permit=self.permit,
-                cap_permit=self.cap_permit, using=self.using,
+                worker=this_process(), permit=self.permit, cap_permit=self.cap_permit,
+                using=self.using,
             )
+
+    def _record_with_grant(self) -> ExecutionRecord | None:
+        """The record to write with the key's grant itself (one round trip on
+        PostgreSQL), or None when it is written after the permits and limits: a
+        ``max_running`` permit goes into the record, and an execution over a cap
+        or a rate gives its grant back without running."""
+        if self.name is None or self.concurrency is not None or self.max_running is not None or self._limited:
+            return None
+        return ExecutionRecord.of(self.name, self.task_id, self.attempt, this_process())
 
 
 class _Machine(_Execution):
@@ -274,7 +283,8 @@ class _Machine(_Execution):
             yield from self._end_steps()
 
     def _acquire_steps(self) -> steps.Steps[Lease]:
-        grant: Lease = yield steps.Acquire(self.key, self.concurrency)
+        record = self._record_with_grant()
+        grant: Lease = yield steps.Acquire(self.key, self.concurrency, record)
         if self.max_running is not None and self.name is not None:
             # The key's lock first: a busy key then never holds a task permit,
             # even for a moment, that an execution of another key could use.
@@ -293,7 +303,8 @@ class _Machine(_Execution):
                 raise
         yield from self._limit_steps(grant)
         self.grant = grant
-        yield steps.Call(self._record)
+        if record is None:
+            yield steps.Call(self._record)
         return grant
 
     def _keepalive_steps(self, grant: Lease) -> steps.Steps[None]:
@@ -326,14 +337,22 @@ class _Machine(_Execution):
                     if permit is not None:
                         yield steps.Release(permit)
 
-    def _acquire_lease(self, key: str, limit: int | None) -> Lease:
+    def _acquire_lease(self, key: str, limit: int | None, record: ExecutionRecord | None) -> Lease:
+        if record is not None:
+            return jobs.acquire_execution(
+                key, record, holder=self.holder, ttl=self.ttl, wait=self.wait, using=self.using
+            )
         if limit is None:
             return locks.acquire(key, holder=self.holder, ttl=self.ttl, wait=self.wait, using=self.using)
         return acquire_permit(
             key, limit=limit, holder=self.holder, ttl=self.ttl, wait=self.wait, using=self.using
         )
 
-    async def _aacquire_lease(self, key: str, limit: int | None) -> Lease:
+    async def _aacquire_lease(self, key: str, limit: int | None, record: ExecutionRecord | None) -> Lease:
+        if record is not None:
+            return await jobs.aacquire_execution(
+                key, record, holder=self.holder, ttl=self.ttl, wait=self.wait, using=self.using
+            )
         if limit is None:
             return await locks.aacquire(
                 key, holder=self.holder, ttl=self.ttl, wait=self.wait, using=self.using
@@ -482,8 +501,8 @@ class FencedExecution(_Machine):
         match step:
             case steps.Call(func, args):
                 return func(*args)
-            case steps.Acquire(key, limit):
-                return self._acquire_lease(key, limit)
+            case steps.Acquire(key, limit, record):
+                return self._acquire_lease(key, limit, record)
             case steps.StartKeepAlive(lease, linked):
                 return KeepAlive(lease, ttl=self.ttl, using=self.using, linked=linked).start()
             case steps.StopKeepAlive(keeper):
@@ -548,8 +567,8 @@ class AsyncFencedExecution(_Machine):
             match step:
                 case steps.Call(func, args):
                     return await aio.run_sync(func, *args)
-                case steps.Acquire(key, limit):
-                    return await self._aacquire_lease(key, limit)
+                case steps.Acquire(key, limit, record):
+                    return await self._aacquire_lease(key, limit, record)
                 case steps.StartKeepAlive(lease, linked):
                     return AsyncKeepAlive(lease, ttl=self.ttl, using=self.using, linked=linked).start()
                 case steps.StopKeepAlive(keeper):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .. import jobs, signals
@@ -106,8 +106,9 @@ class _Limits:
     policy: jobs.Policy | None
     _keeper: Any
 
-    #: The call's arguments by name (what the key templates are rendered with).
-    arguments: Mapping[str, Any] | None = None
+    #: The call's arguments by name (what the key templates are rendered with), or
+    #: a function that binds them when a template is first rendered.
+    arguments: Mapping[str, Any] | Callable[[], Mapping[str, Any]] | None = None
     #: The decorator's ``rate`` and ``rate_key`` (a policy's replace them).
     rate: Rate | None = None
     rate_key: str = ""
@@ -117,7 +118,11 @@ class _Limits:
     rate_started_at: Any = None
 
     def _render(self, template: str, what: str) -> str:
-        return render_template(template, self.arguments or {}, what=what) if template else ""
+        if not template:
+            return ""
+        if callable(self.arguments):
+            self.arguments = self.arguments()
+        return render_template(template, self.arguments or {}, what=what)
 
     def _rate_in_force(self) -> tuple[str, Rate] | None:
         policy = self.policy
@@ -145,9 +150,19 @@ class _Limits:
             return None
         return RateLimited(bucket, rate, decision.countdown)
 
+    @property
+    def _limited(self) -> bool:
+        """Whether a cap per key or a rate may apply (the policy's, the decorator's)."""
+        policy = self.policy
+        return self.rate is not None or (
+            policy is not None and (policy.key_cap is not None or policy.rate_limit is not None)
+        )
+
     def _limit_steps(self, grant: Lease) -> steps.Steps[None]:
         """The cap per key's permit, then the rate's start; on a refusal (or an
         error) every lease taken so far is given back before it propagates."""
+        if not self._limited:
+            return
         try:
             cap = yield steps.Call(self._cap_in_force)
             if cap is not None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Generator
 from typing import Any, NamedTuple, TypeVar, cast
 
+from ..backends.outcomes import ExecutionRecord
 from ..leases import Lease
 
 __all__ = [
@@ -32,10 +33,12 @@ class Call(NamedTuple):
 
 
 class Acquire(NamedTuple):
-    """Step: acquire ``key`` (``limit`` None) or one of its ``limit`` permits; send back the lease."""
+    """Step: acquire ``key`` (``limit`` None) or one of its ``limit`` permits; send back the lease.
+    With ``record``, the execution's record is written with the grant of ``key``."""
 
     key: str
     limit: int | None
+    record: ExecutionRecord | None = None
 
 
 class StartKeepAlive(NamedTuple):

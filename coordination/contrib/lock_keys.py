@@ -11,7 +11,7 @@ from typing import Any
 from ..exceptions import InvalidInput
 from ..models import validate_key
 
-__all__ = ["LockSpec", "check_template", "lock_key_for", "resolve_lock_key"]
+__all__ = ["LockSpec", "check_template", "lock_key_for", "resolve_lock_key", "signature_of"]
 
 #: A lock key template over the task's arguments (``"account:{account_id}"``) or a
 #: callable taking the task's arguments and returning the key.
@@ -54,7 +54,7 @@ def lock_key_for(
     spec: LockSpec, func: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]
 ) -> str:
     """The lock key of calling ``func`` with ``args`` and ``kwargs`` (see resolve_lock_key)."""
-    return resolve_lock_key(spec, _signature(func), args, kwargs)
+    return resolve_lock_key(spec, signature_of(func), args, kwargs)
 
 
 @functools.cache
@@ -62,7 +62,8 @@ def _cached_signature(func: Callable[..., Any]) -> inspect.Signature:
     return inspect.signature(func)
 
 
-def _signature(func: Callable[..., Any]) -> inspect.Signature:
+def signature_of(func: Callable[..., Any]) -> inspect.Signature:
+    """``func``'s signature, looked up once per function."""
     try:
         return _cached_signature(func)
     except TypeError:  # unhashable callables (bound methods are hashable)
@@ -77,7 +78,7 @@ def check_template(spec: LockSpec, func: Callable[..., Any], *, bound: bool = Fa
     is checked at each call only."""
     if callable(spec):
         return
-    parameters = list(_signature(func).parameters.values())
+    parameters = list(signature_of(func).parameters.values())
     if bound and parameters:
         parameters = parameters[1:]
     if any(parameter.kind is parameter.VAR_KEYWORD for parameter in parameters):

@@ -326,8 +326,9 @@ class Execution(models.Model):
     grant (and permits). What the jobs page calls running comes from these rows
     and the grant's lease, never from a holder name a client may choose.
 
-    Written once per execution, right after its acquire (never raising: a task
-    is not failed over its bookkeeping), and pruned with the grant history.
+    Written once per execution with its grant (in the grant's own statement on
+    PostgreSQL, right after it elsewhere or after the execution's permits; never
+    failing the task over its bookkeeping), and pruned with the grant history.
     """
 
     task = models.CharField(max_length=255)

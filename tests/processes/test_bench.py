@@ -135,6 +135,10 @@ def test_quick_bench_writes_json_table_and_chart(tmp_path: Path) -> None:
     assert celery["in_process"]["fenced"]["tasks"] > 0 and celery["in_process"]["fenced_over_unfenced"] > 0
     assert celery["in_process"]["fenced_once"]["tasks"] > 0 and celery["in_process"]["once_over_fenced"] > 0
     assert celery["in_process"]["once_repeat"]["tasks"] > 0
+    # Where each task's time went, part by part (how long is timing: not judged).
+    assert {"acquire", "body", "release", "rest"} <= set(celery["in_process"]["fenced_steps_us"])
+    assert set(celery["in_process"]["unfenced_steps_us"]) == {"body", "rest"}
+    assert all(us >= 0 for us in celery["in_process"]["fenced_steps_us"].values())
     for part in ("end_to_end", "end_to_end_persistent", "end_to_end_persistent_working"):
         worker = celery[part]
         if os.environ.get("COORDINATION_TEST_REDIS_URL"):  # CI provides Redis: the worker ran

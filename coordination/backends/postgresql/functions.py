@@ -284,6 +284,28 @@ DROP_FUNCTIONS = (
 )
 
 ACQUIRE = f"SELECT * FROM {ACQUIRE_FUNCTION}(%s, %s, %s, %s, %s, %s, %s)"
+# A fenced execution's acquire: the same call, and with a grant the execution's
+# record, in one statement (one round trip, one transaction: the record shares
+# the grant's commit, which the grant waits for anyway). No record without a
+# grant; one already there for the grant (none can be: tokens never repeat) is
+# kept, so the record never fails the grant.
+ACQUIRE_RECORDED = f"""
+WITH granted AS MATERIALIZED (
+    SELECT * FROM {ACQUIRE_FUNCTION}(%s, %s, %s, %s, %s, %s, %s)
+), recorded AS (
+    INSERT INTO {{execution}} (
+        task, task_id, attempt, worker, lock_key, token, permit_key, cap_permit_key, ttl
+    )
+    SELECT %s::text, %s::text, %s::integer, %s::text, %s::text, g.token, '', '',
+        EXTRACT(EPOCH FROM g.expires_at - g.acquired_at)
+    FROM granted AS g WHERE g.granted
+    ON CONFLICT (lock_key, token) DO NOTHING
+)
+SELECT * FROM granted
+"""
+# The classes of SQLSTATE a refused record raises (a value, a constraint, a
+# missing table, column or privilege): the grant is then made without it.
+RECORD_REFUSED = ("22", "23", "42")
 RELEASE = f"SELECT * FROM {RELEASE_FUNCTION}(%s, %s, %s, %s, %s)"
 
 # A waiter says until when it may wait, before its next attempt; a release

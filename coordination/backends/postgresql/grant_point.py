@@ -23,6 +23,7 @@ from ..base import (
     WAKE_UP_CHANNEL,
     Acquired,
     Ended,
+    ExecutionRecord,
     IdleBound,
     Listener,
     LockSnapshot,
@@ -40,12 +41,14 @@ from .functions import (
     _LOST_PREPARED,
     _UNPREPARED,
     ACQUIRE,
+    ACQUIRE_RECORDED,
     FAILOVER_GUARD_FUNCTION,
     FAILOVER_MARGIN,
     FLOOR_EXHAUSTED,
     IDLE,
     LISTEN,
     NOTIFY,
+    RECORD_REFUSED,
     RELEASE,
     UNDEFINED_FUNCTION,
     WAKE_ME,
@@ -243,21 +246,47 @@ class PostgreSQLGrantPoint(PostgreSQLOrmGrantPoint):
         refuse_in_caller_transaction(self.connection)
         return self.grant_in_transaction(key, holder, ttl, lock_delay, ticket)
 
+    def acquire_recorded(
+        self, key: str, holder: str, ttl: float, lock_delay: float, ticket: int | None,
+        record: ExecutionRecord,
+    ) -> Acquired:
+        # The record in the grant's own statement: no round trip, no commit of its own.
+        refuse_in_caller_transaction(self.connection)
+        try:
+            return self._grant(key, holder, ttl, lock_delay, ticket, record)
+        except DatabaseError as error:
+            if (_sqlstate(error) or "")[:2] not in RECORD_REFUSED:
+                raise
+        # The statement refused the record (its table or a privilege missing, a
+        # value it does not take) and rolled back: nothing was granted. The grant
+        # alone, then the record as the other backends write it, logged if refused.
+        return super().acquire_recorded(key, holder, ttl, lock_delay, ticket, record)
+
     def grant_in_transaction(
         self, key: str, holder: str, ttl: float, lock_delay: float, ticket: int | None
+    ) -> Acquired:
+        return self._grant(key, holder, ttl, lock_delay, ticket, None)
+
+    def _grant(
+        self, key: str, holder: str, ttl: float, lock_delay: float, ticket: int | None,
+        record: ExecutionRecord | None,
     ) -> Acquired:
         lease_id = new_lease_id()
         lease_hash = hash_lease_id(lease_id)
         # Without a ticket every live ticket of the key is ahead: no barging past
         # fair waiters.
         place = MAX_TOKEN if ticket is None else ticket
-        params = (key, holder, lease_hash, ttl, lock_delay, place, MAX_TOKEN)
+        params: tuple[object, ...] = (key, holder, lease_hash, ttl, lock_delay, place, MAX_TOKEN)
+        statement = ACQUIRE
+        if record is not None:
+            statement = ACQUIRE_RECORDED
+            params = (*params, record.task, record.task_id, record.attempt, record.worker, key)
         while True:
             (
                 granted, _lock_id, token, current_holder, acquired_at, expires_at, now,
                 current_delay, delay_until, ahead, _grant_id, prev_token, prev_holder,
                 prev_acquired_at, prev_expires_at, floor,
-            ) = self.call(ACQUIRE, params)
+            ) = self.call(statement, params)
             if granted:
                 break
             # Why: held, lock-delay, the queue, or out of tokens. If none of these

@@ -5,10 +5,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import random
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from django.db import connections
@@ -60,10 +61,11 @@ def celery_worker_suite(
     ``work_ms``: the body's own work before its one-row write (a sleep).
 
     The tasks are ``project.lab.bench_tasks``; the worker writes the bench tables
-    (their settings travel in an environment variable). Alternating rounds, each
-    variant per round: ``celery_rounds // 20`` tasks one at a time (latency, send
-    to completion after the task returned) then a burst of twice as many
-    (throughput, first send to last completion). The worker is killed on every exit.
+    (their settings travel in an environment variable). Rounds of
+    ``celery_rounds // 20`` tasks of each variant one at a time, shuffled task
+    by task (latency, send to completion after the task returned), then a burst
+    of twice as many of each variant in turn (throughput, first send to last
+    completion). The worker is killed on every exit.
 
     Connections: by default the worker runs as Celery's Django fixup makes it,
     closing every connection around every task, so each task opens a new one
@@ -168,11 +170,15 @@ def celery_worker_suite(
             send(name)
             collect(1, 120)
         for _ in range(max(1, config.celery_rounds // 40)):
-            for name in names:
-                for _ in range(block):
-                    send(name)
-                    sent_at, done_at = collect(1, 60)[0]
-                    latency[name].append(done_at - sent_at)
+            # One at a time, shuffled task by task: a load that comes and goes
+            # falls on every variant alike.
+            order = [name for name in names for _ in range(block)]
+            random.shuffle(order)
+            for name in order:
+                send(name)
+                sent_at, done_at = collect(1, 60)[0]
+                latency[name].append(done_at - sent_at)
+            for name in random.sample(list(names), len(names)):
                 began = time.time()
                 for _ in range(2 * block):
                     send(name)
@@ -240,8 +246,9 @@ def celery_apply_suite(
     """A fenced Celery task against the same task unfenced, run by ``apply()``.
 
     In-process (Celery's task machinery, no broker, no worker): what the fencing
-    adds to each execution (acquire, keep-alive thread, fenced write, release)
-    next to the same body writing with a plain update. Alternating blocks.
+    adds to each execution (acquire, keep-alive, fenced write, release) next to
+    the same body writing with a plain update, shuffled task by task, and the
+    p50 of each part of both (``fenced_steps_us``, ``unfenced_steps_us``).
     ``fenced_once`` is the fenced task with ``once=True`` (each call a new task
     id: the body runs in one transaction with its record), ``once_repeat`` the
     same task applied again with a task id that completed (the stored result,
@@ -271,27 +278,46 @@ def celery_apply_suite(
 
     @shared_task(name="coordination.bench.plain_settle")
     def plain_settle(account_id: int, amount: int) -> None:
-        rows.filter(pk=account_id).update(balance=amount)
+        with _timed("body"):
+            rows.filter(pk=account_id).update(balance=amount)
 
     tasks = {"fenced": fenced_settle, "unfenced": plain_settle, "fenced_once": once_settle}
     timings: dict[str, list[float]] = {name: [] for name in [*tasks, "once_repeat"]}
+    steps: dict[str, dict[str, list[float]]] = {"fenced": {}, "unfenced": {}}
     progress("celery tasks in process (apply()), fenced, fenced with once and unfenced")
     done = once_settle.apply(args=(row.pk, 0)).id
     amount = 0
-    for _ in range(max(1, config.celery_rounds // 20)):
-        for name, task in tasks.items():
-            for _ in range(20):
-                amount += 1
+    with _timed_steps() as taken:
+        for _ in range(max(1, config.celery_rounds // 20)):
+            # Shuffled task by task: a load that comes and goes falls on all alike.
+            order = [name for name in timings for _ in range(20)]
+            random.shuffle(order)
+            for name in order:
+                taken.clear()
                 began = time.perf_counter()
-                outcome = task.apply(args=(row.pk, amount))
-                timings[name].append(time.perf_counter() - began)
+                if name == "once_repeat":
+                    once_settle.apply(args=(row.pk, 0), task_id=done)
+                    timings[name].append(time.perf_counter() - began)
+                    continue
+                amount += 1
+                outcome = tasks[name].apply(args=(row.pk, amount))
+                took = time.perf_counter() - began
+                timings[name].append(took)
                 if outcome.failed():
                     raise RuntimeError(f"bench task {name} failed: {outcome.result!r}")
-        for _ in range(20):
-            began = time.perf_counter()
-            once_settle.apply(args=(row.pk, 0), task_id=done)
-            timings["once_repeat"].append(time.perf_counter() - began)
+                if name in steps:
+                    taken["rest"] = took - sum(taken.values())
+                    for step, seconds in taken.items():
+                        steps[name].setdefault(step, []).append(seconds)
     result: dict[str, Any] = {"how": "task.apply() in process: no broker, no worker"}
+    # Where each task's time goes, p50 of each part in µs: the fenced execution's
+    # steps (acquire, body, release, keep-alive, policy and limits) and the rest
+    # (Celery's apply() and the execution's own Python); the unfenced task's body
+    # and the rest.
+    for name, parts in steps.items():
+        result[f"{name}_steps_us"] = {
+            step: round(1e6 * sorted(values)[len(values) // 2]) for step, values in parts.items()
+        }
     for name, values in timings.items():
         values.sort()
         result[name] = {
@@ -306,3 +332,50 @@ def celery_apply_suite(
         (result["fenced_once"]["p50_ms"] or 0) / (result["fenced"]["p50_ms"] or 1), 3
     )
     return result
+
+
+_taken: dict[str, float] | None = None
+
+
+@contextlib.contextmanager
+def _timed(step: str) -> Iterator[None]:
+    began = time.perf_counter()
+    try:
+        yield
+    finally:
+        if _taken is not None:
+            _taken[step] = _taken.get(step, 0.0) + time.perf_counter() - began
+
+
+@contextlib.contextmanager
+def _timed_steps() -> Iterator[dict[str, float]]:
+    """Time each step of every fenced execution run meanwhile on this thread (the
+    thread driver's step, ``FencedExecution._do``), summed per kind of step into
+    the dict yielded: ``acquire``, ``body``, ``release``, ``keep-alive`` (its start
+    and stop), ``record`` (where the record is written after the grant: not on
+    PostgreSQL), ``policy and limits`` (the policy read, the cap and rate checks)."""
+    global _taken
+    from coordination.contrib import execution, execution_steps
+
+    kinds = {
+        execution_steps.Acquire: "acquire", execution_steps.Body: "body",
+        execution_steps.Release: "release", execution_steps.StartKeepAlive: "keep-alive",
+        execution_steps.StopKeepAlive: "keep-alive", execution_steps.Call: "policy and limits",
+    }
+    taken: dict[str, float] = {}
+    do = execution.FencedExecution._do
+
+    def timed_do(self: Any, step: Any) -> Any:
+        kind = kinds.get(type(step), "other")
+        if isinstance(step, execution_steps.Call) and step.func.__name__ == "_record":
+            kind = "record"
+        with _timed(kind):
+            return do(self, step)
+
+    execution.FencedExecution._do = timed_do  # type: ignore[method-assign]
+    _taken = taken
+    try:
+        yield taken
+    finally:
+        execution.FencedExecution._do = do  # type: ignore[method-assign]
+        _taken = None

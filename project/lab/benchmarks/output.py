@@ -226,6 +226,13 @@ def table(results: dict[str, Any]) -> str:
                 f"unfenced p50 {_ms(local['unfenced']['p50_ms'])} ms, "
                 f"ratio {local['fenced_over_unfenced']:.2f}"
             )
+            for name in ("fenced", "unfenced"):
+                parts = local.get(f"{name}_steps_us")
+                if parts:
+                    lines.append(
+                        f"  {name}, p50 of each part: "
+                        + ", ".join(f"{step} {us} µs" for step, us in parts.items())
+                    )
             if "fenced_once" in local:
                 lines.append(
                     f"  with once=True: p50 {_ms(local['fenced_once']['p50_ms'])} ms "
