@@ -15,17 +15,9 @@ from coordination import jobs, locks, signals
 from coordination.contrib.execution import AsyncFencedExecution, FencedExecution
 from coordination.models import JobPolicy, JobTally
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("uncached_policies")]
 
 TASK = "tests.drivers.report"
-
-
-@pytest.fixture(autouse=True)
-def fresh_policies(settings: Any) -> Any:
-    settings.COORDINATION = {**settings.COORDINATION, "JOB_POLICY_REFRESH": 0}
-    jobs.clear_cache()
-    yield
-    jobs.clear_cache()
 
 
 def policy(**fields: Any) -> None:

@@ -25,17 +25,9 @@ from coordination.exceptions import LockHeld
 from coordination.holders import this_process
 from coordination.models import Execution, Grant, JobPolicy
 
-pytestmark = [pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("uncached_policies")]
 
 TASK = "tests.records.settle"
-
-
-@pytest.fixture(autouse=True)
-def fresh_policies(settings: Any) -> Any:
-    settings.COORDINATION = {**settings.COORDINATION, "JOB_POLICY_REFRESH": 0}
-    jobs.clear_cache()
-    yield
-    jobs.clear_cache()
 
 
 def execute(key: str, **options: Any) -> Any:

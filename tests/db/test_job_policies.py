@@ -38,15 +38,10 @@ ran: list[str] = []
 
 
 @pytest.fixture(autouse=True)
-def fresh_policies(settings: Any) -> Any:
-    """Every execution reads the policies (no cache), and nothing read before leaks in."""
-    settings.COORDINATION = {**settings.COORDINATION, "JOB_POLICY_REFRESH": 0}
-    jobs.clear_cache()
+def fresh_policies(uncached_policies: None) -> None:
     ran.clear()
     if HAS_DJANGO_TASKS:
         leases.clear()
-    yield
-    jobs.clear_cache()
 
 
 @fenced_task(lock="report:{name}", ttl=5, on_busy="raise")

@@ -30,12 +30,8 @@ ran: list[tuple[str, int]] = []
 
 
 @pytest.fixture(autouse=True)
-def fresh_policies(settings: Any) -> Any:
-    settings.COORDINATION = {**settings.COORDINATION, "JOB_POLICY_REFRESH": 0}
-    jobs.clear_cache()
+def fresh_policies(uncached_policies: None) -> None:
     ran.clear()
-    yield
-    jobs.clear_cache()
 
 
 def most_in_any_window(times: list[dt.datetime], period: float) -> int:
