@@ -175,7 +175,7 @@ def app_procedures_client(hot: bool) -> ClientFactory:
             row = call(mysql.ACQUIRE, (key, holder, lease, 30.0, 0.0, MAX_TOKEN, MAX_TOKEN))
             if not row[0]:
                 return False
-            call(mysql.RELEASE, (key, row[2], lease))
+            call(mysql.RELEASE, (key, row[1], lease))  # granted: (True, token, ...)
             return True
 
         return cycle
