@@ -13,6 +13,11 @@ The layers are those of the PostgreSQL bench, in MariaDB's SQL:
 - ``app_functions``: MySQLdb calling the app's two stored procedures on the
   app's schema, with no Django: what the schema and the procedure bodies cost,
   without the library's Python.
+
+Every layer commits as the server is configured; the figures in the docs are
+from a server whose commits are durable, as MariaDB's defaults are
+(``innodb_flush_log_at_trx_commit = 1``; ``bin/bench-mariadb.sh`` starts one),
+and the run's JSON records the setting.
 """
 
 from __future__ import annotations
