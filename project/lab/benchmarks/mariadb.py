@@ -88,11 +88,15 @@ WHERE l.`key` = %s AND l.token = %s AND l.lease = %s
 
 
 def connect(settings: dict[str, Any]) -> Any:
-    """A plain MySQLdb connection in autocommit, with the parameters Django would use."""
+    """A plain MySQLdb connection in autocommit, with the parameters and the
+    isolation level Django would use: READ COMMITTED, as the library's own
+    connection runs (coordination.E006), not the server's REPEATABLE READ."""
     from django.db.backends.mysql.base import DatabaseWrapper
 
     wrapper = DatabaseWrapper(settings, alias="coordination_bench_raw")
     conn = wrapper.get_new_connection(wrapper.get_connection_params())
+    if wrapper.isolation_level:
+        conn.query(f"SET SESSION TRANSACTION ISOLATION LEVEL {wrapper.isolation_level.upper()}")
     conn.autocommit(True)
     return conn
 
