@@ -6,7 +6,9 @@
 #   start_redis      exports COORDINATION_TEST_REDIS_URL and COORDINATION_REDIS_PORT
 #                    (redis://127.0.0.1:63799/0)
 #   start_mariadb    exports COORDINATION_TEST_MARIADB_URL and COORDINATION_MARIADB_PORT
-#                    (mysql://coordination:coordination@127.0.0.1:33069/coordination)
+#                    (mysql://coordination:coordination@127.0.0.1:33069/coordination);
+#                    with COORDINATION_MARIADB_DURABLE=1 a server whose commits wait
+#                    for the disk, as MariaDB's defaults do (bin/bench-mariadb.sh)
 #
 # Each does nothing if its URL variable is already set (bring your own server).
 #
@@ -514,11 +516,25 @@ _mariadb_ping() {
         -u coordination -pcoordination --connect-timeout=3 ping >/dev/null 2>&1
 }
 
+# innodb_flush_log_at_trx_commit: 2 for the tests' server (a commit waits for the
+# log write, not for the disk: its databases are made again by every run); 1,
+# MariaDB's default, with COORDINATION_MARIADB_DURABLE=1 (benchmarks: a commit
+# is durable when it returns, as on a user's server).
+_mariadb_flush_mode() { [[ ${COORDINATION_MARIADB_DURABLE:-0} == 1 ]] && echo 1 || echo 2; }
+
 _mariadb_ours() {
-    local pid
+    local pid mode
     pid=$(_svc_recorded_pid "mariadb-$COORDINATION_MARIADB_PORT") || return 1
     _MARIADB_ROOT=$(cat "$_SVC_SHARED_DIR/mariadb-$COORDINATION_MARIADB_PORT.root" 2>/dev/null) || return 1
-    [[ "$(cat "$_MARIADB_ROOT/mysqld.pid" 2>/dev/null)" == "$pid" ]] && _mariadb_ping
+    [[ "$(cat "$_MARIADB_ROOT/mysqld.pid" 2>/dev/null)" == "$pid" ]] && _mariadb_ping || return 1
+    # Ours, but committing otherwise than asked: not the one wanted (the search goes on).
+    mode=$(timeout 10 mariadb --no-defaults -h 127.0.0.1 -P "$COORDINATION_MARIADB_PORT" \
+        -u coordination -pcoordination -N -e "SELECT @@innodb_flush_log_at_trx_commit" 2>/dev/null) ||
+        return 1
+    if [[ $mode != "$(_mariadb_flush_mode)" ]]; then
+        info "MariaDB: ours on port $COORDINATION_MARIADB_PORT runs innodb_flush_log_at_trx_commit=$mode, not $(_mariadb_flush_mode)"
+        return 1
+    fi
 }
 
 _mariadb_start_new() {
@@ -538,16 +554,15 @@ _mariadb_start_new() {
         --auth-root-authentication-method=socket --skip-test-db --skip-name-resolve) \
         >"$_MARIADB_ROOT/install.log" 2>&1 ||
         { tail -n 20 "$_MARIADB_ROOT/install.log" >&2; die "mariadb-install-db failed (log: $_MARIADB_ROOT/install.log)"; }
-    info "MariaDB: starting on 127.0.0.1:$COORDINATION_MARIADB_PORT (data $_MARIADB_ROOT/data, log $log)"
-    # Commits wait for the log write, not for the disk (as the private PostgreSQL
-    # does): its databases are made again by every run.
+    info "MariaDB: starting on 127.0.0.1:$COORDINATION_MARIADB_PORT (data $_MARIADB_ROOT/data, log $log," \
+        "innodb_flush_log_at_trx_commit=$(_mariadb_flush_mode))"
     # Every descriptor of the caller's is closed: a pipe the caller reads must end.
     (cd / && exec setsid runuser -u "$owner" -- "$_MARIADB_BIN" --no-defaults \
         --datadir="$_MARIADB_ROOT/data" --port="$COORDINATION_MARIADB_PORT" --bind-address=127.0.0.1 \
         --socket="$_MARIADB_ROOT/mysqld.sock" --pid-file="$_MARIADB_ROOT/mysqld.pid" \
         --log-error="$log" --skip-name-resolve --max-connections=300 \
         --character-set-server=utf8mb4 --collation-server=utf8mb4_general_ci \
-        --innodb-flush-log-at-trx-commit=2 --innodb-buffer-pool-size=128M) \
+        --innodb-flush-log-at-trx-commit="$(_mariadb_flush_mode)" --innodb-buffer-pool-size=128M) \
         {_SVC_MUTEX_FD}<&- </dev/null >/dev/null 2>&1 &
     for ((i = 0; i < 120; i++)); do
         [[ -S $_MARIADB_ROOT/mysqld.sock && -s $_MARIADB_ROOT/mysqld.pid ]] && break

@@ -176,6 +176,8 @@ def test_todays_procedures_are_those_of_the_latest_migration_that_creates_them()
 
     mysql.install(Recorder())  # type: ignore[arg-type]
     frozen = dialect_of(connection).migration_sql
-    latest = [step for step, sql in frozen.items() if sql.functions]
-    assert latest[-1] == "0025_mariadb_grant_procedures"
+    latest = [
+        step for step, sql in frozen.items() if sql.functions and not step.endswith(".backwards")
+    ]
+    assert latest[-1] == "0026_mariadb_leaner_grant_procedures"
     assert tuple(ran) == frozen[latest[-1]].statements

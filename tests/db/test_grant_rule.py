@@ -79,11 +79,16 @@ def one_attempt(key: str) -> str:
             from coordination.backends import mysql
 
             assert isinstance(backend, mysql.MySQLGrantPoint)
-            row = backend.call(mysql.ACQUIRE, params)
             row = tuple(
                 value.replace(tzinfo=dt.UTC) if isinstance(value, dt.datetime) else value
-                for value in row
+                for value in backend.call(mysql.ACQUIRE_PROCEDURE, params)
             )
+            if row[0]:  # granted: its token is checked against the floor below
+                return "granted"
+            # Refused: the lock's state, the clock, the waiters ahead and the floor,
+            # here in the PostgreSQL function's columns.
+            _, token, holder, expires_at, now, delay, delay_until, ahead, floor = row
+            row = (False, None, token, holder, None, expires_at, now, delay, delay_until, ahead, floor)
         granted, _, token, holder, _, expires_at, now, delay, delay_until, ahead = row[:10]
         floor = row[-1]
         assert floor == TokenFloor.objects.value()  # the function read the floor that is set

@@ -33,7 +33,8 @@ PORT_VARIABLES = (
     "COORDINATION_PG_PORT", "COORDINATION_REDIS_PORT", "COORDINATION_TEST_DATABASE_URL",
     "COORDINATION_TEST_REDIS_URL", "COORDINATION_KEEP_SERVICES", "COORDINATION_HA_ETCD_PORT",
     "COORDINATION_HA_REST_PORT", "COORDINATION_HA_PG_PORT", "COORDINATION_BENCH_ETCD_PORT",
-    "COORDINATION_BENCH_ZOOKEEPER_PORT",
+    "COORDINATION_BENCH_ZOOKEEPER_PORT", "COORDINATION_MARIADB_PORT", "COORDINATION_TEST_MARIADB_URL",
+    "COORDINATION_MARIADB_DURABLE",
 )
 
 
@@ -151,3 +152,33 @@ def test_the_bench_etcd_starts_past_a_port_another_program_listens_on_and_answer
     finally:
         bash("bin/bench-peers.sh stop", env)
         shutil.rmtree(peers, ignore_errors=True)
+
+
+def test_the_bench_mariadb_commits_durably_and_is_never_the_tests_server(tmp_path: Path) -> None:
+    """bin/bench-mariadb.sh runs its command against a MariaDB whose commits are
+    durable; the tests' server of the same scripts (commits not waiting for the
+    disk) on the port it would take is not reused, and is left running."""
+    if shutil.which("mariadb-install-db") is None or shutil.which("mariadb") is None:
+        missing_service("MariaDB (apt-get install mariadb-server)")
+    env = script_env(COORDINATION_SERVICES_LOCK_DIR=str(tmp_path))
+    flush = 'mariadb --no-defaults -h 127.0.0.1 -P "$COORDINATION_MARIADB_PORT" -u coordination ' \
+        '-pcoordination -N -e "SELECT @@innodb_flush_log_at_trx_commit"'
+    tests_server = bash(f'source bin/services.sh && start_mariadb && echo "$COORDINATION_MARIADB_PORT" '
+                        f'&& {flush}', {**env, "COORDINATION_KEEP_SERVICES": "1"}, timeout=180)
+    assert tests_server.returncode == 0, tests_server.stderr
+    port, tests_flush = tests_server.stdout.split()
+    try:
+        assert tests_flush == "2"
+        # The search starts at the default, as the tests' server's did, and passes it.
+        bench = bash(f"bin/bench-mariadb.sh bash -c 'echo \"$DATABASE_URL\" && {flush}'", env, timeout=180)
+    finally:
+        # Reused by a start of the same kind, then stopped by it as the last user out.
+        stop = bash("source bin/services.sh && start_mariadb",
+                    {**env, "COORDINATION_MARIADB_PORT": port}, timeout=180)
+    assert bench.returncode == 0, bench.stderr
+    url, bench_flush = bench.stdout.split()
+    assert url.startswith("mysql://") and f":{port}/" not in url  # not the tests' server
+    assert bench_flush == "1"
+    assert "runs innodb_flush_log_at_trx_commit=2, not 1" in bench.stderr
+    assert stop.returncode == 0 and "MariaDB: reusing ours" in stop.stderr, stop.stderr
+    assert free_port(int(port)) == int(port)

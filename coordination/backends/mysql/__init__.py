@@ -4,8 +4,9 @@ portable ORM transaction, and the database's own triggers.
 ``acquire()`` and ``release()`` each ``CALL`` one stored procedure
 (:mod:`.procedures`; created by ``migrate``, each migration running its own
 frozen copy, :mod:`.frozen`): one round trip, the grant's whole transaction run
-by the server. Renew, revoke, the readers' shared leases and ``acquire_many``
-are the ORM transaction of :mod:`coordination.backends.orm`, which is also the
+by the server, sent on the connection's MySQLdb handle without a cursor.
+Renew, revoke, the readers' shared leases and ``acquire_many`` are the ORM
+transaction of :mod:`coordination.backends.orm`, which is also the
 whole grant point with ``COORDINATION["GRANT_POINT"] = "orm"``: it holds the
 key's row with ``SELECT ... FOR UPDATE`` under READ COMMITTED (Django's
 isolation on this database; system check ``coordination.E006`` refuses
@@ -33,13 +34,15 @@ MariaDB) and :mod:`.frozen` (each migration's own SQL).
 
 from .dialect import COLLATION, MySQLDialect
 from .grant_point import MySQLGrantPoint, MySQLOrmGrantPoint
-from .procedures import ACQUIRE, RELEASE, install
+from .procedures import ACQUIRE, ACQUIRE_PROCEDURE, RELEASE, RELEASE_PROCEDURE, install
 from .triggers import MySQLWatermarkTriggers
 
 __all__ = [
     "ACQUIRE",
+    "ACQUIRE_PROCEDURE",
     "COLLATION",
     "RELEASE",
+    "RELEASE_PROCEDURE",
     "MySQLDialect",
     "MySQLGrantPoint",
     "MySQLOrmGrantPoint",

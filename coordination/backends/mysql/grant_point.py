@@ -11,7 +11,6 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import Any, TypeVar
-from weakref import WeakKeyDictionary
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, OperationalError
@@ -24,7 +23,6 @@ from ..base import (
     IDLE_BOUND,
     Acquired,
     Ended,
-    IdleBound,
     LockSnapshot,
     TakenOver,
     grant_refusal,
@@ -34,7 +32,7 @@ from ..base import (
     refuse_in_caller_transaction,
 )
 from ..orm import OrmGrantPoint
-from .procedures import ACQUIRE, RELEASE
+from .procedures import ACQUIRE_PROCEDURE, RELEASE_PROCEDURE
 
 __all__ = ["MySQLGrantPoint", "MySQLOrmGrantPoint", "error_code"]
 
@@ -119,40 +117,54 @@ def _utc(value: dt.datetime | None) -> dt.datetime | None:
     return None if value is None else value.replace(tzinfo=dt.UTC)
 
 
+# The start of each call's statement; its values follow, in parentheses.
+_CALLS = {
+    procedure: f"CALL {procedure}(".encode() for procedure in (ACQUIRE_PROCEDURE, RELEASE_PROCEDURE)
+}
+
+
+def _literal(raw: Any, value: Any) -> bytes:
+    """``value`` as an SQL literal on the MySQLdb connection ``raw``: what its
+    ``literal()`` writes, for the calls' own types without its dispatch."""
+    kind = type(value)
+    if kind is str:
+        return raw.string_literal(value.encode(raw.encoding))  # type: ignore[no-any-return]
+    if kind is int:
+        return b"%d" % value
+    if kind is float and math.isfinite(value):
+        return repr(value).encode()  # the shortest text that reads back as the same double
+    return raw.literal(value)  # type: ignore[no-any-return]
+
+
 class MySQLGrantPoint(MySQLOrmGrantPoint):
     """The default on MariaDB: acquire and release are one stored-procedure call each
     (:mod:`.procedures`); the rest is the ORM transaction."""
 
     name = "mysql"
 
-    def __init__(self, alias: str, dialect: IdleBound) -> None:
-        super().__init__(alias, dialect)
-        self._cursors: WeakKeyDictionary[BaseDatabaseWrapper, Any] = WeakKeyDictionary()
+    def call(self, procedure: str, params: tuple[object, ...]) -> tuple[Any, ...]:
+        """One ``CALL`` of ``procedure`` (:data:`ACQUIRE_PROCEDURE` or
+        :data:`RELEASE_PROCEDURE`) with ``params``: the row it returns."""
+        return self._call(self.connection, procedure, params)
 
-    def call(self, sql: str, params: tuple[object, ...]) -> tuple[Any, ...]:
-        """One ``CALL`` on the connection's MySQLdb handle: the procedure's one row.
-        A missing procedure says what to do."""
-        connection = self.connection
+    def _call(
+        self, connection: BaseDatabaseWrapper, procedure: str, params: tuple[object, ...]
+    ) -> tuple[Any, ...]:
+        # Sent on the connection's MySQLdb handle, not through a cursor: one
+        # query, its one row read with the connection's converters, then the
+        # CALL's own status. Errors are Django's, as a cursor raises them; a
+        # missing procedure says what to do.
         try:
             with connection.wrap_database_errors:
                 if connection.connection is None:
                     connection.ensure_connection()
                 raw = connection.connection
-                cursor = self._cursors.get(connection)
-                if cursor is None or cursor.connection is not raw:
-                    # Kept with the Django connection object, for the MySQLdb
-                    # connection it has now (a reconnect makes a new one).
-                    cursor = self._cursors[connection] = raw.cursor()
-                try:
-                    cursor.execute(sql, params)
-                    row = cursor.fetchone()
-                    while cursor.nextset():  # the CALL's own status
-                        pass
-                except BaseException:
-                    del self._cursors[connection]
-                    with suppress(Exception):
-                        cursor.close()
-                    raise
+                raw.query(
+                    _CALLS[procedure] + b",".join([_literal(raw, value) for value in params]) + b")"
+                )
+                rows = raw.store_result().fetch_row()
+                while raw.next_result() == 0:  # the CALL's status: nothing to read
+                    raw.store_result()
         except DatabaseError as error:
             if error_code(error) != NO_SUCH_PROCEDURE:
                 raise
@@ -161,69 +173,71 @@ class MySQLGrantPoint(MySQLOrmGrantPoint):
                 f"({error}). Run migrate; if the app may not create procedures there, set "
                 "COORDINATION['GRANT_POINT'] = 'orm'."
             ) from error
-        assert row is not None
-        return tuple(row)
+        (row,) = rows
+        return row  # type: ignore[no-any-return]
 
     @_retried_on_deadlock
     def acquire(
         self, key: str, holder: str, ttl: float, lock_delay: float, ticket: int | None
     ) -> Acquired:
         # One call: the procedure's transaction is the grant's own.
-        refuse_in_caller_transaction(self.connection)
+        connection = self.connection
+        refuse_in_caller_transaction(connection)
         lease_id = new_lease_id()
-        lease_hash = hash_lease_id(lease_id)
         # Without a ticket every live ticket of the key is ahead: no barging past
         # fair waiters.
         place = MAX_TOKEN if ticket is None else ticket
-        params = (key, holder, lease_hash, float(ttl), float(lock_delay), place, MAX_TOKEN)
+        params = (
+            key, holder, hash_lease_id(lease_id), float(ttl), float(lock_delay), place, MAX_TOKEN
+        )
         while True:
-            (
-                granted, _lock_id, token, current_holder, acquired_at, expires_at, now,
-                current_delay, delay_until, ahead, _grant_id, prev_token, prev_holder,
-                prev_acquired_at, prev_expires_at, floor,
-            ) = self.call(ACQUIRE, params)
-            if granted:
+            row = self._call(connection, ACQUIRE_PROCEDURE, params)
+            if row[0]:
                 break
             # Why: held, lock-delay, the queue, or out of tokens (decided under the
             # row lock; if the rule finds none, the clock moved past a boundary).
+            _, token, current_holder, expires_at, now, current_delay, delay_until, ahead, floor = row
             refusal = grant_refusal(
                 LockSnapshot(
-                    key, token or 0, current_holder or "", "", _utc(expires_at),
-                    current_delay or 0.0, _utc(delay_until),
+                    key, token, current_holder, "", _utc(expires_at), current_delay,
+                    _utc(delay_until),
                 ),
-                _utc(now), ahead, floor,  # type: ignore[arg-type]
+                now.replace(tzinfo=dt.UTC), ahead, floor,
             )
             if refusal is not None:
                 raise refusal
         lease = Lease(
-            key=key, token=token, lease_id=lease_id, holder=holder,
-            acquired_at=acquired_at.replace(tzinfo=dt.UTC),
-            expires_at=expires_at.replace(tzinfo=dt.UTC),
+            key=key, token=row[1], lease_id=lease_id, holder=holder,
+            acquired_at=row[2].replace(tzinfo=dt.UTC), expires_at=row[3].replace(tzinfo=dt.UTC),
         )
-        taken_over = (
-            None if prev_expires_at is None
-            else TakenOver(prev_token, prev_holder, _utc(prev_acquired_at), _utc(prev_expires_at))
-        )
-        return Acquired(lease, taken_over)
+        if len(row) == 4:
+            return Acquired(lease, None)
+        # It took over a lease that ran out without a release.
+        _, _, _, _, prev_token, prev_holder, prev_acquired_at, prev_expires_at = row
+        return Acquired(lease, TakenOver(
+            prev_token, prev_holder, _utc(prev_acquired_at), _utc(prev_expires_at)
+        ))
 
     @_retried_on_deadlock
     def release_exclusive(self, grant: Lease) -> Ended:
-        refuse_in_caller_transaction(self.connection)
-        released, now, ended_at, end_reason, lock_id, token, holder, lease_hash, expires_at = (
-            self.call(RELEASE, (grant.key, grant.token, hash_lease_id(grant.lease_id)))
+        connection = self.connection
+        refuse_in_caller_transaction(connection)
+        row = self._call(
+            connection, RELEASE_PROCEDURE, (grant.key, grant.token, hash_lease_id(grant.lease_id))
         )
-        if not released:
+        if not row[0]:
             # Not the current lease: say precisely why, as the ORM path does.
+            _, now, lock_id, token, holder, lease_hash, expires_at = row
             if lock_id is None:
                 raise never_granted(grant.key)
             snapshot = LockSnapshot(
                 grant.key, token, holder, lease_hash, _utc(expires_at), 0.0, None
             )
-            raise lease_refusal(snapshot, grant, _utc(now)) or LeaseLost(  # type: ignore[arg-type]
+            raise lease_refusal(snapshot, grant, now.replace(tzinfo=dt.UTC)) or LeaseLost(
                 f"lease of {grant.key!r} token {grant.token} is not current"
             )
-        ended = _utc(ended_at)
-        assert ended is not None
-        if end_reason == GrantEnd.EXPIRED:
+        _, ended_at, expired = row
+        ended = ended_at.replace(tzinfo=dt.UTC)
+        if expired:
             return Ended(GrantEnd.EXPIRED, ended, ended)
         return Ended(GrantEnd.RELEASED, ended, None)

@@ -5,25 +5,29 @@ inside the server: it opens its own transaction (``@@autocommit`` on, as the
 grant point calls it; in a transaction already open, a test's, a savepoint of
 it instead, as ``atomic()`` nests), locks the key's row with ``SELECT ... FOR UPDATE``
 (creating it first if missing, as ``create_missing`` does), reads the clock
-and the token floor after the row lock, decides, writes the lock and its grant
-history, commits, and returns one row. A refusal rolls back, as the ORM
-transaction's raised refusal does (a key's row made for it is not kept). The
-decision is the SQL twin of :func:`~coordination.backends.base.grant_refusal`
-and its token :func:`~coordination.backends.base.next_token`'s; a test checks
-the two agree on a grid of lock states and floors.
+after the row lock, decides, writes the lock and its grant history, commits,
+and returns one row. A refusal rolls back, as the ORM transaction's raised
+refusal does (a key's row made for it is not kept). The decision is the SQL
+twin of :func:`~coordination.backends.base.grant_refusal` and its token
+:func:`~coordination.backends.base.next_token`'s; a test checks the two agree
+on a grid of lock states and floors.
 
-The rows returned have the columns of the PostgreSQL functions (the caller
-reads them the same way). The server, not the client, runs every statement of
-the transaction: no client pause can hold its row locks, so the idle bound
-(``idle_transaction_timeout``) is not needed around these calls; a statement
-the server ends (a deadlock's victim, a lock wait timeout) rolls the whole
-transaction back and its error is raised to the caller.
+Each call's transaction is the few statements its guarantees need: an acquire
+locks and reads the key's row together with the token floor and the fair
+queue, writes the lock row and the grant row (and closes the lease it takes
+over); a release locks and reads the row, closes the grant row and frees the
+lock row. The row returned carries what the caller uses, no more: a granted
+acquire's token and times, or a refusal's reasons. The server, not the client,
+runs every statement of the transaction: no client pause can hold its row
+locks, so the idle bound (``idle_transaction_timeout``) is not needed around
+these calls; a statement the server ends (a deadlock's victim, a lock wait
+timeout) rolls the whole transaction back and its error is raised to the
+caller.
 
 Keys, holders and lease hashes are ``utf8mb4_bin`` parameters: they compare
 with the app's binary columns byte for byte (a parameter in the server's
 default collation would make the comparison an error, or case-blind).
 """
-
 from __future__ import annotations
 
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -44,10 +48,18 @@ __all__ = [
 ACQUIRE_PROCEDURE = "coordination_acquire"
 RELEASE_PROCEDURE = "coordination_release"
 
-# Granted: lock_id, token, acquired_at, expires_at, grant_id, and the lease this
-# grant took over if it ran out without a release (prev_*). Refused: the lock's
-# state, so the caller can say why (lock_id is NULL for a key never granted).
-# Both: the token floor the call read.
+# One row, its first column whether the call granted. Granted: the token, the
+# lease's start and end, and, if it took over a lease that ran out without a
+# release, that lease's token, holder, start and end. Refused: the lock's state
+# (a key never granted reads as a free lock at token 0), the clock, how many fair
+# waiters are ahead and the token floor, so the caller can say why.
+#
+# The key's row is read and locked by one statement that also reads the token
+# floor and whether a fair waiter is ahead: as on PostgreSQL, a floor raised
+# before the call began is seen (a floor raised by a prune that deleted the
+# key's row is seen by the read after the row is made again), and a waiter that
+# queued while this call waited for the row lock may be passed, as it queued
+# after this call began. The clock is read after the row lock.
 CREATE_ACQUIRE_PROCEDURE = """
 CREATE PROCEDURE coordination_acquire(
     IN p_key VARCHAR(200) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,
@@ -57,19 +69,10 @@ CREATE PROCEDURE coordination_acquire(
 ) MODIFIES SQL DATA
 body: BEGIN
     DECLARE v_own BOOLEAN DEFAULT @@autocommit = 1;
-    DECLARE v_id BIGINT DEFAULT NULL;
-    DECLARE v_token BIGINT DEFAULT 0;
-    DECLARE v_holder VARCHAR(200) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin DEFAULT '';
-    DECLARE v_acquired DATETIME(6) DEFAULT NULL;
-    DECLARE v_expires DATETIME(6) DEFAULT NULL;
-    DECLARE v_delay DOUBLE DEFAULT 0;
-    DECLARE v_delay_until DATETIME(6) DEFAULT NULL;
-    DECLARE v_now DATETIME(6);
-    DECLARE v_floor BIGINT;
-    DECLARE v_ahead BIGINT;
-    DECLARE v_new_token BIGINT;
-    DECLARE v_new_expires DATETIME(6);
-    DECLARE v_grant_id BIGINT;
+    DECLARE v_id, v_token, v_floor, v_ahead, v_new_token BIGINT;
+    DECLARE v_holder VARCHAR(200) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin;
+    DECLARE v_acquired, v_expires, v_delay_until, v_now, v_new_expires DATETIME(6);
+    DECLARE v_delay DOUBLE;
     DECLARE v_tries INT DEFAULT 0;
     DECLARE CONTINUE HANDLER FOR NOT FOUND BEGIN END;
     DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN
@@ -80,9 +83,13 @@ body: BEGIN
     -- The key's row, locked until the end. Racing first acquirers of a key all
     -- insert it without an error (ON DUPLICATE KEY UPDATE takes the row lock,
     -- so they queue on it); a row pruned before it is locked is made again.
+    -- Without a ticket (p_ticket = p_max_token) every live ticket is ahead.
     row_lock: LOOP
-        SELECT l.id, l.token, l.holder, l.acquired_at, l.expires_at, l.lock_delay, l.delay_until
-        INTO v_id, v_token, v_holder, v_acquired, v_expires, v_delay, v_delay_until
+        SELECT l.id, l.token, l.holder, l.acquired_at, l.expires_at, l.lock_delay, l.delay_until,
+            COALESCE((SELECT f.token FROM {floor} AS f WHERE f.id = 1), 0),
+            EXISTS (SELECT 1 FROM {ticket} AS q
+                WHERE q.lock_key = p_key AND q.id < p_ticket AND q.expires_at > UTC_TIMESTAMP(6))
+        INTO v_id, v_token, v_holder, v_acquired, v_expires, v_delay, v_delay_until, v_floor, v_ahead
         FROM {lock} AS l WHERE l.`key` = p_key FOR UPDATE;
         IF v_id IS NOT NULL THEN LEAVE row_lock; END IF;
         SET v_tries = v_tries + 1;
@@ -91,14 +98,7 @@ body: BEGIN
         END IF;
         INSERT INTO {lock} (`key`) VALUES (p_key) ON DUPLICATE KEY UPDATE `key` = VALUES(`key`);
     END LOOP;
-    -- The clock, the floor (0 if its row is missing) and the fair queue, read
-    -- after the row lock. Without a ticket (p_ticket = p_max_token) every live
-    -- ticket is ahead; they are counted only for a refusal's message.
-    SELECT UTC_TIMESTAMP(6),
-        COALESCE((SELECT f.token FROM {floor} AS f WHERE f.id = 1), 0),
-        EXISTS (SELECT 1 FROM {ticket} AS q
-            WHERE q.lock_key = p_key AND q.id < p_ticket AND q.expires_at > UTC_TIMESTAMP(6))
-    INTO v_now, v_floor, v_ahead;
+    SET v_now = UTC_TIMESTAMP(6);
     -- The grant rule (base.grant_refusal): no lease runs, no lock-delay runs, no
     -- fair waiter is ahead, a token is left above the counter and the floor.
     IF NOT (
@@ -109,15 +109,13 @@ body: BEGIN
         AND v_ahead = 0 AND v_token < p_max_token AND v_floor < p_max_token
     ) THEN
         IF v_ahead THEN
+            -- Counted for the refusal's message, by the clock read after the row lock.
             SELECT COUNT(*) INTO v_ahead FROM {ticket} AS q
             WHERE q.lock_key = p_key AND q.id < p_ticket AND q.expires_at > v_now;
         END IF;
         IF v_own THEN ROLLBACK; ELSE ROLLBACK TO SAVEPOINT coordination_acquire; END IF;
-        SELECT FALSE AS granted, v_id AS lock_id, v_token AS token, v_holder AS holder,
-            NULL AS acquired_at, v_expires AS expires_at, v_now AS now,
-            v_delay AS lock_delay, v_delay_until AS delay_until, v_ahead AS ahead,
-            NULL AS grant_id, NULL AS prev_token, NULL AS prev_holder,
-            NULL AS prev_acquired_at, NULL AS prev_expires_at, v_floor AS token_floor;
+        SELECT FALSE, v_token, v_holder, v_expires, v_now, v_delay, v_delay_until, v_ahead,
+            v_floor;
         LEAVE body;
     END IF;
     IF v_holder <> '' THEN
@@ -132,25 +130,23 @@ body: BEGIN
     WHERE id = v_id;
     INSERT INTO {grant} (lock_id, token, holder, lease_hash, acquired_at, expires_at)
     VALUES (v_id, v_new_token, p_holder, p_hash, v_now, v_new_expires);
-    SET v_grant_id = LAST_INSERT_ID();
     IF p_ticket < p_max_token THEN
         DELETE FROM {ticket} WHERE id = p_ticket;
     END IF;
     IF v_own THEN COMMIT; ELSE RELEASE SAVEPOINT coordination_acquire; END IF;
-    SELECT TRUE AS granted, v_id AS lock_id, v_new_token AS token, p_holder AS holder,
-        v_now AS acquired_at, v_new_expires AS expires_at, v_now AS now, p_delay AS lock_delay,
-        NULL AS delay_until, 0 AS ahead, v_grant_id AS grant_id,
-        IF(v_holder <> '', v_token, NULL) AS prev_token,
-        IF(v_holder <> '', v_holder, NULL) AS prev_holder,
-        IF(v_holder <> '', v_acquired, NULL) AS prev_acquired_at,
-        IF(v_holder <> '', v_expires, NULL) AS prev_expires_at, v_floor AS token_floor;
+    IF v_holder = '' THEN
+        SELECT TRUE, v_new_token, v_now, v_new_expires;
+    ELSE
+        SELECT TRUE, v_new_token, v_now, v_new_expires, v_token, v_holder, v_acquired, v_expires;
+    END IF;
 END
 """
 
-# Released (the current lease, live or run out): when and why its grant ended.
-# Refused: the lock's state, so the caller can say why (lock_id is NULL for a
-# key never granted). A current lease that ran out is ended as expired at its
-# end, and its lock-delay runs from there, as the ORM transaction ends it.
+# One row, its first column whether the call released. Released (the current
+# lease, live or run out): when its grant ended and whether it had expired.
+# Refused: the clock and the lock's state (its id NULL for a key never granted),
+# so the caller can say why. A current lease that ran out is ended as expired at
+# its end, and its lock-delay runs from there, as the ORM transaction ends it.
 CREATE_RELEASE_PROCEDURE = """
 CREATE PROCEDURE coordination_release(
     IN p_key VARCHAR(200) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,
@@ -159,13 +155,11 @@ CREATE PROCEDURE coordination_release(
 ) MODIFIES SQL DATA
 body: BEGIN
     DECLARE v_own BOOLEAN DEFAULT @@autocommit = 1;
-    DECLARE v_id BIGINT DEFAULT NULL;
-    DECLARE v_token BIGINT DEFAULT NULL;
-    DECLARE v_holder VARCHAR(200) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin DEFAULT NULL;
-    DECLARE v_hash VARCHAR(64) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin DEFAULT NULL;
-    DECLARE v_expires DATETIME(6) DEFAULT NULL;
-    DECLARE v_delay DOUBLE DEFAULT 0;
-    DECLARE v_now DATETIME(6);
+    DECLARE v_id, v_token BIGINT;
+    DECLARE v_holder VARCHAR(200) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin;
+    DECLARE v_hash VARCHAR(64) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin;
+    DECLARE v_expires, v_now DATETIME(6);
+    DECLARE v_delay DOUBLE;
     DECLARE v_expired BOOLEAN;
     DECLARE CONTINUE HANDLER FOR NOT FOUND BEGIN END;
     DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN
@@ -179,9 +173,7 @@ body: BEGIN
     SET v_now = UTC_TIMESTAMP(6);
     IF v_id IS NULL OR v_holder = '' OR v_token <> p_token OR v_hash <> p_hash THEN
         IF v_own THEN ROLLBACK; END IF;
-        SELECT FALSE AS released, v_now AS now, NULL AS ended_at, NULL AS end_reason,
-            v_id AS lock_id, v_token AS token, v_holder AS holder, v_hash AS lease_hash,
-            v_expires AS expires_at;
+        SELECT FALSE, v_now, v_id, v_token, v_holder, v_hash, v_expires;
         LEAVE body;
     END IF;
     SET v_expired = v_expires <= v_now;
@@ -194,9 +186,7 @@ body: BEGIN
             v_expires + INTERVAL ROUND(v_delay * 1000000) MICROSECOND, NULL)
     WHERE id = v_id;
     IF v_own THEN COMMIT; END IF;
-    SELECT TRUE AS released, v_now AS now, IF(v_expired, v_expires, v_now) AS ended_at,
-        IF(v_expired, 'expired', 'released') AS end_reason, v_id AS lock_id, v_token AS token,
-        v_holder AS holder, v_hash AS lease_hash, v_expires AS expires_at;
+    SELECT TRUE, IF(v_expired, v_expires, v_now), v_expired;
 END
 """
 

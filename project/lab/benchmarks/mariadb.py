@@ -13,6 +13,11 @@ The layers are those of the PostgreSQL bench, in MariaDB's SQL:
 - ``app_functions``: MySQLdb calling the app's two stored procedures on the
   app's schema, with no Django: what the schema and the procedure bodies cost,
   without the library's Python.
+
+Every layer commits as the server is configured; the figures in the docs are
+from a server whose commits are durable, as MariaDB's defaults are
+(``innodb_flush_log_at_trx_commit = 1``; ``bin/bench-mariadb.sh`` starts one),
+and the run's JSON records the setting.
 """
 
 from __future__ import annotations
@@ -83,11 +88,15 @@ WHERE l.`key` = %s AND l.token = %s AND l.lease = %s
 
 
 def connect(settings: dict[str, Any]) -> Any:
-    """A plain MySQLdb connection in autocommit, with the parameters Django would use."""
+    """A plain MySQLdb connection in autocommit, with the parameters and the
+    isolation level Django would use: READ COMMITTED, as the library's own
+    connection runs (coordination.E006), not the server's REPEATABLE READ."""
     from django.db.backends.mysql.base import DatabaseWrapper
 
     wrapper = DatabaseWrapper(settings, alias="coordination_bench_raw")
     conn = wrapper.get_new_connection(wrapper.get_connection_params())
+    if wrapper.isolation_level:
+        conn.query(f"SET SESSION TRANSACTION ISOLATION LEVEL {wrapper.isolation_level.upper()}")
     conn.autocommit(True)
     return conn
 
@@ -175,7 +184,7 @@ def app_procedures_client(hot: bool) -> ClientFactory:
             row = call(mysql.ACQUIRE, (key, holder, lease, 30.0, 0.0, MAX_TOKEN, MAX_TOKEN))
             if not row[0]:
                 return False
-            call(mysql.RELEASE, (key, row[2], lease))
+            call(mysql.RELEASE, (key, row[1], lease))  # granted: (True, token, ...)
             return True
 
         return cycle

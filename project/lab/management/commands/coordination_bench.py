@@ -115,10 +115,14 @@ class Command(BaseCommand):
             "quick": options["quick"],
         }
         if vendor == "mysql":
+            flush = results["machine"].get("innodb_flush_log_at_trx_commit")
             results["note"] = (
                 "MariaDB run: the floors are MariaDB's SQL (project/lab/benchmarks/mariadb.py), "
                 "app_functions the app's stored procedures; the CPU, statement and row-count "
-                "runs need PostgreSQL."
+                "runs need PostgreSQL. "
+                + ("Commits are durable (innodb_flush_log_at_trx_commit=1)." if flush == "1" else
+                   f"Commits are not durable (innodb_flush_log_at_trx_commit={flush}): a user's "
+                   "server commits durably (bin/bench-mariadb.sh starts one).")
             )
         elif vendor != "postgresql":
             results["note"] = (
