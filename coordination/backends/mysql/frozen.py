@@ -164,7 +164,7 @@ body: BEGIN
 END
 """
 
-# 0026: the key's row, the floor and the fair queue read by one statement; the
+# 0027: the key's row, the floor and the fair queue read by one statement; the
 # rows returned carry only what the caller reads.
 ACQUIRE_ONE_READ = """
 CREATE PROCEDURE coordination_acquire(
@@ -298,10 +298,10 @@ MIGRATION_SQL: Mapping[str, FrozenSQL] = {
         (*DROP_PROCEDURES, ACQUIRE, RELEASE), functions=True
     ),
     "0025_mariadb_grant_procedures.backwards": FrozenSQL(DROP_PROCEDURES),
-    "0026_mariadb_leaner_grant_procedures": FrozenSQL(
+    "0027_mariadb_leaner_grant_procedures": FrozenSQL(
         (*DROP_PROCEDURES, ACQUIRE_ONE_READ, RELEASE_NARROW_ROW), functions=True
     ),
-    "0026_mariadb_leaner_grant_procedures.backwards": FrozenSQL(
+    "0027_mariadb_leaner_grant_procedures.backwards": FrozenSQL(
         (*DROP_PROCEDURES, ACQUIRE, RELEASE), functions=True
     ),
 }

@@ -15,19 +15,19 @@ from django.db import migrations
 def install_procedures(apps, schema_editor):
     from coordination.backends import run_migration_sql
 
-    run_migration_sql(schema_editor, "0026_mariadb_leaner_grant_procedures")
+    run_migration_sql(schema_editor, "0027_mariadb_leaner_grant_procedures")
 
 
 def restore_procedures(apps, schema_editor):
     from coordination.backends import run_migration_sql
 
-    run_migration_sql(schema_editor, "0026_mariadb_leaner_grant_procedures.backwards")
+    run_migration_sql(schema_editor, "0027_mariadb_leaner_grant_procedures.backwards")
 
 
 class Migration(migrations.Migration):
 
     dependencies = [
-        ("coordination", "0025_mariadb_grant_procedures"),
+        ("coordination", "0026_execution_cap_permit"),
     ]
 
     operations = [
