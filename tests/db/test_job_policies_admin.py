@@ -14,6 +14,7 @@ from django.urls import reverse
 
 from coordination import jobs, locks
 from coordination.dashboard import build_jobs
+from coordination.exceptions import LeaseLost
 from coordination.models import (
     AccessRule,
     Grant,
@@ -404,3 +405,60 @@ def test_a_task_a_worker_reported_or_that_ran_is_known_and_on_the_jobs_page(admi
     jobs.report_tasks(["shop.tasks.ship"])
     assert jobs.unknown_task("shop.tasks.ship", jobs.known_tasks()) is None
     assert "shop.tasks.ship" in admin_client.get(reverse("admin:coordination_jobs")).content.decode()
+
+
+def test_rest_pauses_and_revokes_the_running_executions_it_may_and_resumes() -> None:
+    saved("tenant-a.sync", max_running=2)
+    mine, mine_permit = running_execution("tenant-a.sync", "tenant-a:1")
+    theirs = locks.acquire("tenant-b:1", holder="tenant-a.sync[id-2]#1 on worker-host:4242", ttl=60)
+    jobs.record_execution("tenant-a.sync", theirs, task_id="id-2", attempt=1, worker="worker-host:4242")
+    user = make_user("view_jobpolicy", "pause_jobpolicy")
+    AccessRule.objects.create(user=user, pattern="task:tenant-a.*", read=True, revoke=True)
+    AccessRule.objects.create(user=user, pattern="tenant-a:*", read=True, revoke=True)
+    api = client_for(user)
+
+    paused = api.post("/api/job-policies/tenant-a.sync/pause", {"revoke_running": True}, format="json")
+
+    assert paused.status_code == 200, paused.json()
+    assert paused.json()["policy"]["paused"] is True
+    revoked = {(row["key"], row["token"], row["end_reason"]) for row in paused.json()["revoked"]}
+    assert revoked == {
+        ("tenant-a:1", mine.token, GrantEnd.REVOKED), (mine_permit.key, mine_permit.token, GrantEnd.REVOKED),
+    }
+    locks.renew(theirs)  # a key the user may not revoke stays held
+    with pytest.raises(LeaseLost):
+        locks.renew(mine)
+    resumed = api.post("/api/job-policies/tenant-a.sync/resume", format="json")
+    assert resumed.status_code == 200 and resumed.json()["paused"] is False
+    assert [c.via for c in JobPolicyChange.objects.filter(task="tenant-a.sync").order_by("id")][1:] == [
+        "api", "api",
+    ]
+
+
+def test_rest_pause_without_revoking_leaves_running_leases_and_needs_its_permission() -> None:
+    grant, _ = running_execution("billing.settle", "account:7")
+    editor = client_for(make_user(*POLICY_PERMISSIONS))
+    assert editor.post("/api/job-policies/billing.settle/pause", {}, format="json").status_code == 403
+    api = client_for(make_user("pause_jobpolicy"))
+
+    paused = api.post("/api/job-policies/billing.settle/pause", {}, format="json")
+
+    assert paused.status_code == 200 and paused.json()["revoked"] == []
+    assert JobPolicy.objects.get(task="billing.settle").paused
+    locks.renew(grant)
+    assert api.post("/api/job-policies/billing.settle/pause", {"revoke_running": "yes"},
+                    format="json").status_code == 400
+    assert api.post("/api/job-policies/reports.build/resume", format="json").status_code == 404
+
+
+def test_rest_pause_refuses_an_unknown_task_unless_ahead_of_a_deploy_and_other_tenants() -> None:
+    user = make_user("pause_jobpolicy")
+    AccessRule.objects.create(user=user, pattern="task:tenant-a.*", read=True, revoke=True)
+    api = client_for(user)
+    typo = api.post("/api/job-policies/tenant-a.tasks.snyc/pause", {}, format="json")
+    assert typo.status_code == 400 and "tenant-a.tasks.sync" in str(typo.json())
+    ahead = api.post("/api/job-policies/tenant-a.tasks.later/pause", {"ahead_of_deploy": True}, format="json")
+    assert ahead.status_code == 200
+    refused = api.post("/api/job-policies/tenant-b.tasks.settle/pause", {}, format="json")
+    assert refused.status_code == 403 and refused.json()["code"] == "key_forbidden"
+    assert not JobPolicy.objects.filter(task="tenant-b.tasks.settle").exists()

@@ -16,7 +16,12 @@ from .documents import FENCE_REFUSALS, IDEMPOTENCY_HEADER, IDEMPOTENCY_KEY_MAX_L
 from .executions import StrandedClearView, StrandedListView
 from .fallback import no_endpoint
 from .fences import FenceDetailView, FenceListView
-from .job_policies import JobPolicyDetailView, JobPolicyListView
+from .job_policies import (
+    JobPolicyDetailView,
+    JobPolicyListView,
+    JobPolicyPauseView,
+    JobPolicyResumeView,
+)
 from .lock_sets import LockSetAcquireView, PermitAcquireView
 from .locks import AcquireView, GrantListView, LockDetailView, LockListView, ReleaseView, RenewView
 from .rejections import RejectionListView
@@ -35,6 +40,8 @@ __all__ = [
     "GrantListView",
     "JobPolicyDetailView",
     "JobPolicyListView",
+    "JobPolicyPauseView",
+    "JobPolicyResumeView",
     "LockDetailView",
     "LockListView",
     "LockSetAcquireView",

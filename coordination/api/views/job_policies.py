@@ -1,9 +1,12 @@
-"""REST views of job policies: read, create or replace, change and delete one task's policy.
+"""REST views of job policies: read, create or replace, change and delete one task's
+policy; pause a task (revoking its running executions if asked) and resume it.
 
 The same rules as the admin (:mod:`coordination.jobs`): a policy is the lock
 key ``task:<task>`` to the access rules (``read`` to see it, ``revoke`` to
-change it), the Django permissions of the JobPolicy model apply, and every
-change is recorded with the API user as who made it.
+change it), the Django permissions of the JobPolicy model apply (pausing and
+resuming: ``pause_jobpolicy``, as the admin's buttons), and every change is
+recorded with the API user as who made it. Revoking a running execution also
+needs ``revoke`` on its own key; the others stay running.
 """
 
 from __future__ import annotations
@@ -32,8 +35,21 @@ from ...models import (
     WhenPaused,
     validate_task_pattern,
 )
-from ..serializers import StrictCharField, StrictIntegerField, StrictSecondsField, StrictSerializer
-from .base import CoordinationListView, CoordinationView, error_responses, operation, validated
+from ..serializers import (
+    GrantSerializer,
+    StrictCharField,
+    StrictIntegerField,
+    StrictSecondsField,
+    StrictSerializer,
+)
+from .base import (
+    CoordinationListView,
+    CoordinationView,
+    error_responses,
+    non_atomic,
+    operation,
+    validated,
+)
 
 TASK_PARAMETER = OpenApiParameter(
     "task",
@@ -273,3 +289,83 @@ class JobPolicyDetailView(CoordinationView):
             JobPolicySerializer(policy).data,
             status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
         )
+
+
+class PauseRequest(StrictSerializer):
+    revoke_running = StrictBooleanField(
+        required=False, default=False,
+        help_text="Also revoke the leases of the task's running executions (their keys and "
+                  "permits): their later fenced writes are refused. Only those whose keys the "
+                  "user may revoke are revoked.",
+    )
+    ahead_of_deploy = StrictBooleanField(
+        required=False, default=False,
+        help_text="Pause a task this site does not know yet (no policy, no worker reported it): "
+                  "without it such a name is refused (400 `invalid`).",
+    )
+
+
+class PausedSerializer(serializers.Serializer[Any]):
+    policy = JobPolicySerializer()
+    revoked = GrantSerializer(
+        many=True, help_text="The revoked leases (keys and permits of running executions); "
+                             "writes under their tokens are refused.",
+    )
+
+
+@non_atomic
+@extend_schema(tags=["jobs"], parameters=[TASK_PARAMETER])
+class JobPolicyPauseView(CoordinationView):
+    """Pause a task (its policy is created if it has none), optionally revoking the
+    leases of its running executions, as the admin's "pause and revoke" does."""
+
+    required_permissions = {"POST": "coordination.pause_jobpolicy"}
+
+    @operation(
+        operation_id="job_policies_pause",
+        summary="Pause a task, and revoke its running executions if asked",
+        description=(
+            "New executions stop running their bodies (deferred or skipped, as the policy "
+            "says) from up to COORDINATION JOB_POLICY_REFRESH seconds later. With "
+            "`revoke_running`, the leases of the executions running now end at once: their "
+            "keep-alives find the lease lost, their later fenced writes are refused, and the "
+            "next grant of each key fences them out. Work they already wrote stays."
+        ),
+        request=PauseRequest,
+        responses={200: PausedSerializer, **error_responses(413, 415)},
+    )
+    def post(self, request: Request, task: str) -> Response:
+        body = validated(PauseRequest, request.data)
+        task = _path_task(task)
+        rules = access.for_request(request)
+        rules.require("revoke", jobs.permit_name(task))
+        if not body["ahead_of_deploy"] and not JobPolicy.objects.filter(task=task).exists():
+            _refuse_unknown(task)
+        policy, revoked = jobs.pause(
+            task, by=request.user.get_username(), via="api",
+            revoke_running=body["revoke_running"],
+            may_revoke=lambda key: rules.allows("revoke", key),
+        )
+        return Response(PausedSerializer({"policy": policy, "revoked": revoked}).data)
+
+
+@extend_schema(tags=["jobs"], parameters=[TASK_PARAMETER])
+class JobPolicyResumeView(CoordinationView):
+    """Resume a paused task: its deferred executions run when their countdown next ends."""
+
+    required_permissions = {"POST": "coordination.pause_jobpolicy"}
+
+    @operation(
+        operation_id="job_policies_resume",
+        summary="Resume a paused task",
+        request=None,
+        responses={200: JobPolicySerializer, **error_responses(404)},
+        description="404 `not_found` for a task with no policy (nothing is paused).",
+    )
+    def post(self, request: Request, task: str) -> Response:
+        task = _path_task(task)
+        access.for_request(request).require("revoke", jobs.permit_name(task))
+        policy = jobs.resume(task, by=request.user.get_username(), via="api")
+        if policy is None:
+            raise Http404
+        return Response(JobPolicySerializer(policy).data)
