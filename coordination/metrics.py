@@ -288,15 +288,24 @@ def _refusal(request: HttpRequest) -> HttpResponse | None:
     header = request.headers.get("Authorization", "")
     scheme, _, presented = header.partition(" ")
     expected = str(app_settings.METRICS_TOKEN or "")
-    if scheme.lower() == "bearer" and expected and presented:
+    bearer = scheme.lower() == "bearer"
+    if bearer and expected and presented:
         if hmac.compare_digest(presented.strip().encode(), expected.encode()):
             return None
         return HttpResponse("Wrong metrics token.\n", status=403, content_type="text/plain")
     signed_in = user is not None and user.is_authenticated
-    response = HttpResponse(
-        "Metrics are private: sign in as staff, or send Authorization: Bearer <METRICS_TOKEN>.\n",
-        status=403 if header or signed_in else 401,
-        content_type="text/plain",
-    )
+    if bearer and not expected:
+        # The scraper is set up and the site is not: say which setting it lacks.
+        text = (
+            "Metrics are private and this site accepts no bearer token: set "
+            'COORDINATION["METRICS_TOKEN"] to the token the scraper sends.\n'
+        )
+    else:
+        text = (
+            "Metrics are private: sign in as staff, or send Authorization: Bearer "
+            '<COORDINATION["METRICS_TOKEN"]> (COORDINATION["METRICS_PUBLIC"] = True opens '
+            "them to anyone).\n"
+        )
+    response = HttpResponse(text, status=403 if header or signed_in else 401, content_type="text/plain")
     response["WWW-Authenticate"] = 'Bearer realm="metrics"'
     return response

@@ -177,6 +177,9 @@ def test_anonymous_scrape_is_refused_by_default(client: Client) -> None:
 
     assert response.status_code == 401
     assert response["WWW-Authenticate"] == 'Bearer realm="metrics"'
+    # The refusal names the settings that let a scraper in.
+    assert 'COORDINATION["METRICS_TOKEN"]' in response.content.decode()
+    assert 'COORDINATION["METRICS_PUBLIC"] = True' in response.content.decode()
 
 
 def test_staff_may_scrape(client: Client, django_user_model: Any) -> None:
@@ -199,7 +202,12 @@ def test_scraper_with_the_token_may_scrape(client: Client) -> None:
 
 def test_a_bearer_token_is_refused_when_none_is_configured(client: Client) -> None:
     assert client.get("/metrics", headers={"Authorization": "Bearer "}).status_code == 403
-    assert client.get("/metrics", headers={"Authorization": "Bearer x"}).status_code == 403
+    response = client.get("/metrics", headers={"Authorization": "Bearer x"})
+
+    assert response.status_code == 403
+    # Not "wrong token": the site has none, and the answer names the setting it lacks.
+    assert "accepts no bearer token" in response.content.decode()
+    assert 'set COORDINATION["METRICS_TOKEN"]' in response.content.decode()
 
 
 @override_settings(COORDINATION={"METRICS_PUBLIC": True})
