@@ -21,6 +21,7 @@ from .database import (
     TOKEN_WARNING_THRESHOLD,
     check_database,
     check_promotion_guard,
+    check_time_zone_support,
     check_token_headroom,
     check_watermark_triggers,
 )
@@ -33,5 +34,6 @@ __all__ = [
     "API_APPS", "API_URLCONF", "TOKEN_WARNING_THRESHOLD", "api_is_mounted", "check_access_rules",
     "check_api_apps", "check_api_throttle_cache", "check_celery_broker_client", "check_celery_fenced_tasks",
     "check_celery_visibility_timeout", "check_database", "check_fenced_models", "check_fenced_storages",
-    "check_promotion_guard", "check_settings", "check_token_headroom", "check_watermark_triggers",
+    "check_promotion_guard", "check_settings", "check_time_zone_support", "check_token_headroom",
+    "check_watermark_triggers",
 ]

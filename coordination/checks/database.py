@@ -1,6 +1,6 @@
 """The grant point's database: E001, E004, E006, W002, W007 from settings (the
-backend's ``Dialect.check_settings``), and W004-W006, the checks that read the
-database (``manage.py check --database default``)."""
+backend's ``Dialect.check_settings``), E007 (time zone support), and W004-W006,
+the checks that read the database (``manage.py check --database default``)."""
 
 from __future__ import annotations
 
@@ -56,6 +56,26 @@ def check_database(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
         )
     return messages
 
+
+@register(Tags.compatibility)
+def check_time_zone_support(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """E007: USE_TZ off. The grant point reads the database clock as aware datetimes
+    and compares them with the rows' expiries, which Django reads naive without it."""
+    if settings.USE_TZ:
+        return []
+    return [
+        Error(
+            "USE_TZ is False: coordination compares lease expiries with the database clock "
+            "as aware datetimes, so renewals (the keep-alive of every fenced task) fail with "
+            "\"can't compare offset-naive and offset-aware datetimes\", and on SQLite every "
+            "grant fails.",
+            hint="Set USE_TZ = True (Django's default since 5.0); Django's time zone "
+            "documentation says how to move a project's own naive datetimes.",
+            id="coordination.E007",
+        )
+    ]
 
 
 @register(Tags.database)

@@ -120,6 +120,21 @@ def test_atomic_requests_on_the_coordination_database_is_w002() -> None:
         assert ids(checks.check_database()) == ["coordination.W002"]
 
 
+# --- E007: time zone support ----------------------------------------------------
+
+
+def test_use_tz_off_is_e007_naming_the_setting() -> None:
+    with override_settings(USE_TZ=False):
+        (message,) = checks.check_time_zone_support()
+    assert message.id == "coordination.E007" and message.level == ERROR
+    assert "USE_TZ = True" in message.hint
+
+
+def test_use_tz_on_passes() -> None:
+    with override_settings(USE_TZ=True):
+        assert checks.check_time_zone_support() == []
+
+
 # --- E020-E022 / W020: the apps the REST API needs ------------------------------
 
 SITE_APPS = [
