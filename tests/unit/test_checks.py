@@ -16,7 +16,7 @@ from django.test.utils import isolate_apps
 
 from coordination import checks
 from coordination.checks import fenced_models
-from coordination.fencing import FencedModel
+from coordination.fencing import FencedModel, FencedQuerySet
 
 SQLITE = {"ENGINE": "django.db.backends.sqlite3", "NAME": "x.sqlite3"}
 POSTGRES = {"ENGINE": "django.db.backends.postgresql", "NAME": "x"}
@@ -278,6 +278,54 @@ def test_fence_lock_over_fields_passes(isolated_models: Any) -> None:
     class Guarded(FencedModel):
         owner = models.CharField(max_length=10)
         fence_lock = "thing:{owner}"
+
+        class Meta(FencedModel.Meta):
+            app_label = "demo"
+
+    assert checks.check_fenced_models() == []
+
+
+# --- W008: a FencedModel's managers make fenced querysets ------------------------
+
+
+def test_a_manager_of_ones_own_is_w008_naming_the_fix(isolated_models: Any) -> None:
+    class ShipmentManager(models.Manager["Shipment"]):
+        def pending(self) -> models.QuerySet[Shipment]:
+            return self.filter(state="pending")
+
+    class Shipment(FencedModel):
+        state = models.CharField(max_length=10)
+        fence_lock = "shipment:{pk}"
+        objects = ShipmentManager()
+
+        class Meta(FencedModel.Meta):
+            app_label = "demo"
+
+    # The fix the hint names passes, and keeps the manager's own methods.
+    class Delivery(FencedModel):
+        state = models.CharField(max_length=10)
+        fence_lock = "delivery:{pk}"
+        objects = ShipmentManager.from_queryset(FencedQuerySet)()
+
+        class Meta(FencedModel.Meta):
+            app_label = "demo"
+
+    (message,) = checks.check_fenced_models()
+    assert message.id == "coordination.W008" and message.level == WARNING
+    assert message.obj is Shipment and "demo.Shipment.objects" in message.msg
+    assert "objects = ShipmentManager.from_queryset(FencedQuerySet)()" in message.hint
+    assert hasattr(Delivery.objects, "pending") and hasattr(Delivery.objects.all(), "fenced_update")
+
+
+def test_a_fenced_queryset_of_ones_own_passes(isolated_models: Any) -> None:
+    class ShipmentQuerySet(FencedQuerySet["Parcel"]):
+        def pending(self) -> ShipmentQuerySet:
+            return self.filter(state="pending")
+
+    class Parcel(FencedModel):
+        state = models.CharField(max_length=10)
+        fence_lock = "parcel:{pk}"
+        objects = ShipmentQuerySet.as_manager()
 
         class Meta(FencedModel.Meta):
             app_label = "demo"
