@@ -120,6 +120,28 @@ def test_atomic_requests_on_the_coordination_database_is_w002() -> None:
         assert ids(checks.check_database()) == ["coordination.W002"]
 
 
+# --- E008: the PostgreSQL driver -----------------------------------------------
+
+
+def test_postgresql_without_psycopg_3_is_e008_naming_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A site that runs PostgreSQL on psycopg2 alone: find_spec("psycopg") is None there.
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "psycopg" else real_find_spec(name, *a)
+    )
+    with override_settings(DATABASES=databases(**POSTGRES)):
+        (message,) = checks.check_database_driver()
+    assert message.id == "coordination.E008" and message.level == ERROR
+    assert "django-coordination[postgres]" in message.hint
+    with override_settings(DATABASES=databases(**SQLITE)):
+        assert checks.check_database_driver() == []  # SQLite needs no driver
+
+
+def test_postgresql_with_psycopg_3_passes() -> None:
+    with override_settings(DATABASES=databases(**POSTGRES)):
+        assert checks.check_database_driver() == []
+
+
 # --- E007: time zone support ----------------------------------------------------
 
 
