@@ -20,7 +20,6 @@ from .celery import (
 from .database import (
     TOKEN_WARNING_THRESHOLD,
     check_database,
-    check_database_driver,
     check_promotion_guard,
     check_time_zone_support,
     check_token_headroom,
@@ -34,7 +33,7 @@ from .stores import check_fenced_storages
 __all__ = [
     "API_APPS", "API_URLCONF", "TOKEN_WARNING_THRESHOLD", "api_is_mounted", "check_access_rules",
     "check_api_apps", "check_api_throttle_cache", "check_celery_broker_client", "check_celery_fenced_tasks",
-    "check_celery_visibility_timeout", "check_database", "check_database_driver", "check_fenced_models",
+    "check_celery_visibility_timeout", "check_database", "check_fenced_models",
     "check_fenced_storages", "check_promotion_guard", "check_settings", "check_time_zone_support",
     "check_token_headroom", "check_watermark_triggers",
 ]

@@ -1,11 +1,10 @@
-"""The grant point's database: E001, E004, E006, W002, W007 from settings (the
-backend's ``Dialect.check_settings``), E007 (time zone support), E008 (the
-PostgreSQL driver), and W004-W006, the checks that read the database
-(``manage.py check --database default``)."""
+"""The grant point's database: E001, E004, E006, E008, W002, W007 from settings
+(the backend's ``Dialect.check_settings``), E007 (time zone support), and
+W004-W006, the checks that read the database (``manage.py check --database
+default``)."""
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,7 +31,8 @@ def grant_point_alias() -> str:
 def check_database(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
     """E001: the grant point's database must have a backend of its own (PostgreSQL or
     SQLite: elsewhere no trigger keeps watermarks from going down); E004: SQLite
-    needs IMMEDIATE transactions; W002: ATOMIC_REQUESTS on it. What the database
+    needs IMMEDIATE transactions; E008: the database driver the grant point calls; W002:
+    ATOMIC_REQUESTS on it. What the database
     asks of its settings is its backend's (``Dialect.check_settings``)."""
     messages: list[CheckMessage] = []
     alias = grant_point_alias()
@@ -76,34 +76,6 @@ def check_time_zone_support(
             hint="Set USE_TZ = True (Django's default since 5.0); Django's time zone "
             "documentation says how to move a project's own naive datetimes.",
             id="coordination.E007",
-        )
-    ]
-
-
-@register(Tags.compatibility)
-def check_database_driver(
-    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
-) -> list[CheckMessage]:
-    """E008: the grant point's database is PostgreSQL and psycopg 3 is missing.
-
-    Django also runs PostgreSQL on psycopg2, which many sites have installed; the
-    grant point calls psycopg 3 directly, so without it ``check`` would pass and
-    the first acquire fail with ``ModuleNotFoundError``.
-    """
-    alias = grant_point_alias()
-    config = settings.DATABASES.get(alias)
-    if config is None or dialect_for_settings(config).name != "postgresql":
-        return []
-    if importlib.util.find_spec("psycopg") is not None:
-        return []
-    return [
-        Error(
-            f"The grant point's database {alias!r} is PostgreSQL and psycopg 3 is not installed: "
-            "Django runs it on psycopg2, but the grant point needs psycopg 3 (every acquire "
-            "would fail with \"No module named 'psycopg'\").",
-            hint="pip install 'django-coordination[postgres]' (psycopg 3 with its binary). "
-            "Django then uses psycopg 3; code of yours that imports psycopg2 keeps working.",
-            id="coordination.E008",
         )
     ]
 

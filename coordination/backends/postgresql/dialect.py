@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from collections.abc import Mapping
 from typing import Any
 
-from django.core.checks import CheckMessage
+from django.core.checks import CheckMessage, Error
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import F, Model, QuerySet
@@ -136,7 +137,21 @@ class PostgreSQLDialect(Dialect):
         return Collate(F(field), "C")
 
     def check_settings(self, alias: str, config: Mapping[str, Any]) -> list[CheckMessage]:
-        return []
+        """E008: psycopg 3 missing. Django also runs PostgreSQL on psycopg2, which
+        many sites have installed; the grant point calls psycopg 3 directly, so
+        without it ``check`` would pass and the first acquire fail."""
+        if importlib.util.find_spec("psycopg") is not None:
+            return []
+        return [
+            Error(
+                f"The grant point's database {alias!r} is PostgreSQL and psycopg 3 is not "
+                "installed: Django runs it on psycopg2, but the grant point needs psycopg 3 "
+                "(every acquire would fail with \"No module named 'psycopg'\").",
+                hint="pip install 'django-coordination[postgres]' (psycopg 3 with its binary). "
+                "Django then uses psycopg 3; code of yours that imports psycopg2 keeps working.",
+                id="coordination.E008",
+            )
+        ]
 
     def replication(self, connection: BaseDatabaseWrapper) -> Replication | None:
         with connection.cursor() as cursor:
