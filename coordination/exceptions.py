@@ -353,6 +353,19 @@ class GrantPointUnavailable(CoordinationError):
     default_detail = "The grant point's database is unavailable; retry later."
 
 
+class NotMigrated(CoordinationError):
+    """The grant point's database lacks migrations of the app (``manage.py migrate``
+    was not run there, or not since the package was upgraded): its tables or
+    functions are missing or old. Nothing was granted, renewed or released."""
+
+    code = "not_migrated"
+    status_code = 503
+    default_detail = (
+        "coordination's migrations are not all applied on the grant point's database: "
+        "run python manage.py migrate."
+    )
+
+
 class NoGrant(CoordinationError):
     """A fenced write was attempted with no grant passed and none in context."""
 

@@ -27,19 +27,21 @@ import asyncio
 import logging
 import math
 import random
+import re
 import time
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager, nullcontext, suppress
 from typing import Any, NamedTuple, TypeVar, cast
 
-from django.db import InterfaceError, InternalError, OperationalError, connections
+from django.db import DatabaseError, InterfaceError, InternalError, OperationalError, connections
+from django.db.migrations.loader import MigrationLoader
 
 from . import aio, signals
 from .backends import dialect_of
-from .backends.base import Acquired, GrantPoint, Listener
+from .backends.base import Acquired, GrantPoint, Listener, in_caller_transaction
 from .conf import app_settings
-from .exceptions import GrantPointUnavailable, InvalidInput, LeaseLost, LockHeld
+from .exceptions import GrantPointUnavailable, InvalidInput, LeaseLost, LockHeld, NotMigrated
 from .leases import Lease
 from .logfields import LogFields
 from .models import Grant
@@ -286,9 +288,23 @@ def grant_point_call(action: str, key: str, using: str | None) -> Iterator[None]
     multi-host URL, to whichever server accepts writes now (a new primary)."""
     try:
         yield
-    except (OperationalError, InterfaceError, InternalError) as error:  # 25P03 is an InternalError
+    except DatabaseError as error:
         alias = using or app_settings.DATABASE
         connection = connections[alias]
+        if (
+            _MISSING_OBJECT.search(str(error)) and not in_caller_transaction(connection)
+            and (missing := _unapplied_migrations(alias))
+        ):
+            raise NotMigrated(
+                f"the {action} of {key!r} failed on the grant point's database ({alias!r}), "
+                f"which lacks {len(missing)} of coordination's migrations (the latest missing: "
+                f"{missing[-1]}): run python manage.py migrate"
+                + ("" if alias == "default" else f" --database {alias}")
+                + f". Nothing was granted, renewed or released. The database said: {error}".strip(),
+                action=action, key=key,
+            ) from error
+        if not isinstance(error, (OperationalError, InterfaceError, InternalError)):
+            raise  # 25P03 (idle in transaction) is an InternalError
         if connection.in_atomic_block or not dialect_of(connection).connection_lost(connection, error):
             raise  # the caller's transaction owns the connection; or a statement's own error
         with suppress(Exception):
@@ -300,6 +316,31 @@ def grant_point_call(action: str, key: str, using: str | None) -> Iterator[None]
                if action == "acquire" else " Treat the lease as possibly lost."),
             action=action, key=key,
         ) from error
+
+
+# What each database says of a table, column, function or procedure it lacks; only
+# then are the migrations read (never on the path of a grant, a refusal or a
+# lost connection).
+_MISSING_OBJECT = re.compile(
+    r"no such (table|column|function)|does not exist|doesn't exist|unknown column", re.IGNORECASE
+)
+
+
+def _unapplied_migrations(alias: str) -> list[str]:
+    """The app's migrations not applied on ``alias``, in order, read only after a
+    grant point call failed: a site that forgot ``migrate`` (or upgraded without
+    it) gets an answer naming the fix, not a missing table's error or a retry.
+    Empty when the database cannot tell (a lost connection: the caller's own
+    handling applies)."""
+    try:
+        loader = MigrationLoader(connections[alias], ignore_no_migrations=True)
+        plan = [
+            node for node in loader.graph.forwards_plan(("coordination", loader.graph.leaf_nodes(
+                "coordination")[-1][1])) if node[0] == "coordination"
+        ]
+        return [name for app, name in plan if (app, name) not in loader.applied_migrations]
+    except Exception:  # the database cannot tell: not this error's cause
+        return []
 
 
 # --- what every acquire shares -----------------------------------------------------
