@@ -83,8 +83,15 @@ class CoordinationError(Exception):
         """The error as the REST layer and structured logs present it."""
         body: dict[str, Any] = {"code": self.code, "detail": self.detail}
         for name, value in self.extra.items():
-            body[name] = value.isoformat() if isinstance(value, dt.datetime) else value
+            body[name] = _timestamp(value) if isinstance(value, dt.datetime) else value
         return body
+
+
+def _timestamp(value: dt.datetime) -> str:
+    """ISO 8601 as the REST fields show times: UTC as ``Z`` (DRF's own rendering),
+    so a refusal's ``expires_at`` reads like the grant's."""
+    text = value.isoformat()
+    return text[:-6] + "Z" if text.endswith("+00:00") else text
 
 
 _SIGNATURES: dict[type[CoordinationError], inspect.Signature] = {}
