@@ -13,7 +13,7 @@ from django.db import IntegrityError, connections, models, router, transaction
 from django.db.models import Q
 
 from ..backends import triggers
-from ..exceptions import StaleInstance, shown_step
+from ..exceptions import InvalidInput, StaleInstance, shown_step
 from ..leases import Lease
 from ..logfields import LogFields
 from ..models import UnfencedSave
@@ -266,6 +266,7 @@ class FencedModel(models.Model):
         ``DoesNotExist``). Afterwards the instance's ``fence`` and ``fence_step``
         are the new watermark. ``step`` defaults to the grant's next write number.
         """
+        _check_fields(type(self), fields)
         grant = resolve_grant(grant)
         write_step = resolve_step(grant, step)
         manager = type(self)._default_manager.using(self._state.db)
@@ -273,6 +274,23 @@ class FencedModel(models.Model):
             grant, step=write_step, **{name: getattr(self, name) for name in fields}
         )
         self.fence, self.fence_step = grant.token, write_step
+
+
+def _check_fields(model: type[models.Model], fields: Sequence[str]) -> None:
+    """``fenced_save``'s ``fields`` name concrete fields of ``model`` (their names or
+    attnames, ``customer`` or ``customer_id``), as ``save(update_fields=...)``
+    asks, or ``InvalidInput`` names the others before anything is written."""
+    if isinstance(fields, str):
+        raise InvalidInput(
+            f"fenced_save(fields=...) takes a list of field names, not a string: fields=[{fields!r}]"
+        )
+    known = {name for field in model._meta.concrete_fields for name in (field.name, field.attname)}
+    unknown = [name for name in fields if name not in known]
+    if unknown:
+        raise InvalidInput(
+            f"fenced_save(fields=...): {model._meta.label} has no concrete field named "
+            f"{', '.join(map(repr, unknown))} (its fields: {', '.join(sorted(known))})"
+        )
 
 
 def _returned(updated: Any, row: models.QuerySet[Any], args: tuple[Any, ...]) -> Any:

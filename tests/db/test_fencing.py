@@ -249,6 +249,21 @@ def test_fenced_save_writes_named_fields_through_the_fence() -> None:
     assert (account.fence, balance(account)) == (grant.token, Decimal("9.50"))
 
 
+def test_fenced_save_refuses_fields_the_model_lacks_before_writing() -> None:
+    account = AccountFactory(balance=1)
+    grant = locks.acquire(f"account:{account.pk}", holder="a", ttl=5)
+    account.balance = Decimal("9.50")
+
+    with pytest.raises(InvalidInput, match="no concrete field named 'balanse'"):
+        account.fenced_save(grant, fields=["balance", "balanse"])
+    with pytest.raises(InvalidInput, match=r"not a string: fields=\['balance'\]"):
+        account.fenced_save(grant, fields="balance")
+
+    assert (Account.objects.get(pk=account.pk).fence, balance(account)) == (0, Decimal("1"))
+    account.fenced_save(grant, fields=["balance"])  # the grant's first write is still step 1
+    assert Account.objects.get(pk=account.pk).fence_step == 1
+
+
 def test_bad_steps_are_refused() -> None:
     account = AccountFactory()
     grant = locks.acquire(f"account:{account.pk}", holder="a", ttl=5)
