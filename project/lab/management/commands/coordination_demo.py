@@ -505,8 +505,9 @@ class Workers:
         return self.processes[name].pid
 
     def pause(self, name: str) -> None:
-        os.kill(self.pid(name), signal.SIGSTOP)
+        # Recorded first: a stop that interrupts this line still finds the worker paused.
         self.paused[name] = time.monotonic()
+        os.kill(self.pid(name), signal.SIGSTOP)
 
     def paused_since(self, name: str) -> float:
         return self.paused[name]
@@ -522,14 +523,28 @@ class Workers:
                 raise DemoFailed(f"worker {name} exited with status {process.returncode}:\n{log}")
 
     def stop_all(self) -> None:
-        for name, process in self.processes.items():
-            if process.poll() is None:
-                if name in self.paused:
-                    os.kill(process.pid, signal.SIGCONT)
-                process.terminate()
-        for process in self.processes.values():
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        """Stop every worker, within bin/run's grace (10 s before it kills this
+        command): a paused worker is killed at once (stopped, it would not see a
+        SIGTERM), the others get SIGTERM and then SIGKILL after 6 s. A second
+        Ctrl-C or bin/run's SIGTERM during the stop does not cut it short,
+        which would leave a worker behind."""
+        interrupts = (signal.SIGINT, signal.SIGTERM)
+        in_main = threading.current_thread() is threading.main_thread()
+        previous = [signal.signal(number, signal.SIG_IGN) for number in interrupts] if in_main else []
+        try:
+            for name, process in self.processes.items():
+                if process.poll() is None:
+                    if name in self.paused:
+                        process.kill()
+                    else:
+                        process.terminate()
+            deadline = time.monotonic() + 6
+            for process in self.processes.values():
+                try:
+                    process.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+        finally:
+            for number, handler in zip(interrupts, previous, strict=False):
+                signal.signal(number, handler)
