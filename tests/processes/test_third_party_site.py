@@ -54,6 +54,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.celery_workers import events
 from tests.support.legs import missing_service
 from tests.support.pausing import paused
 
@@ -502,10 +503,6 @@ DATABASES = {
     "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": BASE_DIR / "broken.sqlite3"}  # noqa: F405
 }
 """
-
-
-def events(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def wait_for_event(path: Path, event: str, worker: Background, timeout: float = 90) -> dict[str, Any]:

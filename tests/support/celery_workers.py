@@ -246,9 +246,13 @@ def unique(prefix: str) -> str:
 
 
 def events(path: Path) -> list[dict[str, Any]]:
+    """The report's events, each a line a worker appended. A line still being
+    written (a read can see part of another process's write) is left for the
+    next read: only lines ended by their newline count."""
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    complete = path.read_text().rpartition("\n")[0]
+    return [json.loads(line) for line in complete.splitlines() if line.strip()]
 
 
 def wait_for_event(
