@@ -46,6 +46,7 @@ from coordination.backends import get_backend
 
 from .support import hostile
 from .support.legs import LEGS, POSTGRES_ONLY, current_leg, expected_skip, leg_only, services_required
+from .support.lingering import lingering_sessions
 from .support.skip_budget import SkipBudget
 from .support.waiting import run_in_threads
 
@@ -95,6 +96,8 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     line = hostile.session_summary()
     if line is not None:
         terminalreporter.write_line(line)
+    for session in lingering_sessions():
+        terminalreporter.write_line(f"session still on the test database after the run: {session}")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
