@@ -128,7 +128,7 @@ class _Fenced:
         elif status == "duplicate_write":
             error = DuplicateWrite(resource, lease.token, number, watermark[1])
         else:
-            error = WrongLock()
+            error = WrongLock(f"{resource} is guarded by another lock than {lease.key!r}")
         self._refuse(key, lease, number, error, _REASONS[status], watermark)
 
     def _refuse(
