@@ -193,7 +193,7 @@ def test_the_django_cache_client(client: Any, key: str, settings: Any) -> None:
     fenced = FencedRedis("fenced")
     fenced.set(key, "via cache", grant=lease("c", 1))
     assert client_of_cache("fenced").get(key) == b"via cache"
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"it is LocMemCache\): give CACHES\['default'\] the BACKEND"):
         client_of_cache("default")
 
 
