@@ -246,7 +246,10 @@ class DuplicateWrite(CoordinationError):
         else:
             said = (
                 f"token {token} step {step} is a duplicate for {resource}: step {current_step} "
-                "of this token is already stored; use an idempotency key to return its result"
+                "of this token is already stored; a new write of this token needs a step above "
+                f"{current_step} (a write numbered with step= does not move the lease's own "
+                "count), a retry of a write that applied needs an idempotency key to return "
+                "its result"
             )
         super().__init__(said, current_token=token, current_step=current_step)
 

@@ -506,16 +506,19 @@ def known_tasks(*, using: str | None = None) -> set[str]:
     return {*reported, *ran}
 
 
-def unknown_task(task: str, known: set[str]) -> str | None:
+def unknown_task(task: str, known: set[str], remedy: str = "") -> str | None:
     """Why a policy for ``task`` would steer nothing (a name no known task has, a
-    pattern matching none), with the nearest known names; None if it names one."""
+    pattern matching none), then ``remedy`` (what to do), then the nearest known
+    names, which may be long and are the part a bounded message may cut; None if
+    it names one."""
+    then = f"; {remedy}" if remedy else ""
     if task.endswith(TASK_PATTERN_WILDCARD):
         prefix = task[: -len(TASK_PATTERN_WILDCARD)]
         if any(name.startswith(prefix) for name in known):
             return None
-        return f"{task!r} matches none of the fenced tasks this site knows"
+        return f"{task!r} matches none of the fenced tasks this site knows{then}"
     if task in known:
         return None
     close = difflib.get_close_matches(task, sorted(known), n=3, cutoff=0.6)
     hint = f"; did you mean {' or '.join(repr(name) for name in close)}?" if close else ""
-    return f"no fenced task named {task!r} is known to this site{hint}"
+    return f"no fenced task named {task!r} is known to this site{then}{hint}"

@@ -467,7 +467,16 @@ def fenced_task(
     """
     if __func is not None:
         raise TypeError("fenced_task needs a lock: @fenced_task(lock='account:{account_id}')")
-    if lock is None or not (isinstance(lock, str) or callable(lock)):
+    if lock is None:
+        # key= is what the storages' and other libraries' examples call it; without
+        # this it would reach Celery as a task option and say nothing useful.
+        given = next((name for name in ("key", "lock_key") if name in options), None)
+        raise InvalidInput(
+            "fenced_task needs lock=..., a key template over the task's arguments "
+            "(lock='report:{customer_id}') or a callable"
+            + (f"; {given}= is not one of its options, write lock={options[given]!r}" if given else "")
+        )
+    if not (isinstance(lock, str) or callable(lock)):
         raise InvalidInput("fenced_task(lock=...) must be a key template or a callable")
     validate_on_busy(on_busy)
     if concurrency is not None and (

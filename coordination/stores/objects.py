@@ -204,7 +204,9 @@ class FencedS3Storage(S3Storage):  # type: ignore[misc]  # django-storages is un
             current = self._head(key)
             if current.etag is not None:
                 if current.key and current.key != lease.key:
-                    refuse(WrongLock(), resource=resource, grant=lease, step=number,
+                    refuse(WrongLock(f"{resource} is guarded by lock {current.key!r}, "
+                                     f"not {lease.key!r}"),
+                           resource=resource, grant=lease, step=number,
                            reason=RejectionReason.WRONG_LOCK,
                            watermark=(current.token, current.step), using=using)
                 refused = refusal_of(resource, lease.token, number, current.token, current.step)

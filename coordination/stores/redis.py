@@ -97,7 +97,11 @@ def client_of_cache(alias: str = "default") -> Any:
         return cache._cache.get_client(None, write=True)
     if hasattr(cache, "client") and hasattr(cache.client, "get_client"):  # django-redis
         return cache.client.get_client(write=True)
-    raise TypeError(f"the cache {alias!r} is not a Redis cache")
+    raise TypeError(
+        f"the cache {alias!r} is not a Redis cache (it is {type(cache).__name__}): give "
+        f"CACHES[{alias!r}] the BACKEND django.core.cache.backends.redis.RedisCache (or "
+        "django-redis's), or pass FencedRedis a redis.Redis client"
+    )
 
 
 class _Fenced:
@@ -128,7 +132,7 @@ class _Fenced:
         elif status == "duplicate_write":
             error = DuplicateWrite(resource, lease.token, number, watermark[1])
         else:
-            error = WrongLock()
+            error = WrongLock(f"{resource} is guarded by another lock than {lease.key!r}")
         self._refuse(key, lease, number, error, _REASONS[status], watermark)
 
     def _refuse(

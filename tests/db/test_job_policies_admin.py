@@ -400,6 +400,25 @@ def test_rest_refuses_an_unknown_task_unless_ahead_of_a_deploy() -> None:
     assert created.status_code == 201 and "ahead_of_deploy" not in created.json()
 
 
+def test_rest_says_how_to_go_on_when_the_known_names_are_long_or_there_is_no_policy() -> None:
+    # Long task names close to the typo fill the bounded message: what to do
+    # comes before them, so the cut takes names, not the remedy.
+    jobs.report_tasks([f"mycompany.billing.tasks.send_monthly_invoice_{n}" for n in range(3)])
+    api = client_for(make_user(*POLICY_PERMISSIONS))
+    refused = api.put(
+        "/api/job-policies/mycompany.billing.tasks.send_monthly_invoice", {"paused": True}, format="json"
+    )
+    assert refused.status_code == 400, refused.content
+    message = refused.json()["errors"]["task"][0]
+    assert 'send "ahead_of_deploy": true to create it before the task is deployed; did you mean' in message
+
+    changed = api.patch("/api/job-policies/mycompany.billing.tasks.send_monthly_invoice_1",
+                        {"paused": True}, format="json")
+    assert changed.status_code == 404 and changed.json()["code"] == "not_found"
+    assert "has no policy to change: create one with PUT" in changed.json()["detail"]
+    assert not JobPolicy.objects.exists()
+
+
 def test_a_task_a_worker_reported_or_that_ran_is_known_and_on_the_jobs_page(admin_client: Client) -> None:
     assert jobs.unknown_task("shop.tasks.ship", jobs.known_tasks()) is not None
     jobs.report_tasks(["shop.tasks.ship"])

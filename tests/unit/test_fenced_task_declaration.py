@@ -31,6 +31,17 @@ def test_a_template_naming_a_missing_argument_is_refused_at_declaration() -> Non
     assert "{orderid}" in message and "order_id" in message and "settle" in message
 
 
+def test_a_task_declared_with_key_instead_of_lock_is_told_to_write_lock() -> None:
+    with pytest.raises(InvalidInput) as refused:
+        @fenced_task(key="report:{customer_id}", name="tests.declaration.key")  # type: ignore[call-overload]
+        def build_report(customer_id: int) -> None: ...
+    assert "key= is not one of its options, write lock='report:{customer_id}'" in str(refused.value)
+
+    with pytest.raises(InvalidInput, match=r"fenced_task needs lock=\.\.\."):
+        @fenced_task(name="tests.declaration.nolock")  # type: ignore[call-overload]
+        def nothing(customer_id: int) -> None: ...
+
+
 def test_a_bound_task_cannot_name_itself_and_kwargs_or_callables_pass() -> None:
     with pytest.raises(InvalidInput, match=r"names \{self\}"):
         @fenced_task(lock="order:{self}", bind=True, name="tests.declaration.self")

@@ -19,6 +19,7 @@ from django.db.models.functions import Concat
 from django.http import Http404
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers, status
+from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -142,12 +143,14 @@ class JobPolicyWrite(StrictSerializer):
 def _refuse_unknown(task: str) -> None:
     """A policy naming no fenced task the site knows would steer nothing: a typo, or a
     task not deployed yet (``ahead_of_deploy``)."""
-    refusal = jobs.unknown_task(task, {*registered_fenced_tasks(), *jobs.known_tasks()})
+    # The remedy before the nearest names: the API cuts a long message, and the
+    # names are the part that may go.
+    refusal = jobs.unknown_task(
+        task, {*registered_fenced_tasks(), *jobs.known_tasks()},
+        remedy='send "ahead_of_deploy": true to create it before the task is deployed',
+    )
     if refusal is not None:
-        raise serializers.ValidationError(
-            {"task": [f"{refusal}; send \"ahead_of_deploy\": true to create it before the task is deployed"]},
-            code="invalid",
-        )
+        raise serializers.ValidationError({"task": [refusal]}, code="invalid")
 
 
 def _check_limits(policy: JobPolicy) -> None:
@@ -270,7 +273,10 @@ class JobPolicyDetailView(CoordinationView):
             created = policy is None
             if policy is None:
                 if partial:
-                    raise Http404
+                    raise NotFound(
+                        f"task {_path_task(task)!r} has no policy to change: create one with PUT "
+                        "(or POST .../pause)"
+                    )
                 if not request.user.has_perm("coordination.add_jobpolicy"):
                     self.permission_denied(request, "Creating a policy needs 'coordination.add_jobpolicy'.")
                 policy = JobPolicy(task=_path_task(task))

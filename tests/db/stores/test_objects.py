@@ -66,6 +66,13 @@ def test_same_token_steps_follow_the_rule(s3_endpoint: str, bucket: str) -> None
     assert read(store, "r.txt") == b"two"
     assert store.watermark("r.txt").step == 2
     assert Rejection.objects.get().reason == RejectionReason.DUPLICATE
+    # A step numbered by hand does not move the lease's count: the next write the
+    # lease numbers (3) is below it, and the refusal says which step would pass.
+    store.save_fenced("r.txt", b"five", grant=grant, step=5)
+    with pytest.raises(DuplicateWrite) as numbered_twice:
+        store.under(grant).save("r.txt", ContentFile(b"three"))
+    assert "needs a step above 5" in str(numbered_twice.value)
+    assert read(store, "r.txt") == b"five"
 
 
 def test_concurrent_writers_end_at_the_highest_token(s3_endpoint: str, bucket: str) -> None:
@@ -118,8 +125,9 @@ def test_delete_is_fenced_and_keeps_the_watermark(s3_endpoint: str, bucket: str)
 def test_another_key_and_a_lost_lease_are_refused(s3_endpoint: str, bucket: str) -> None:
     store = storage(s3_endpoint, bucket)
     store.save_fenced("k.txt", b"a", grant=lease("key:a", 1))
-    with pytest.raises(WrongLock):
+    with pytest.raises(WrongLock) as wrong:
         store.save_fenced("k.txt", b"b", grant=lease("key:b", 99))
+    assert str(wrong.value) == f"s3:{bucket}/k.txt is guarded by lock 'key:a', not 'key:b'"
     lost = lease("key:a", 2)
     lost.mark_lost()
     with pytest.raises(LeaseLost):

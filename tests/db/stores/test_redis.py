@@ -126,8 +126,9 @@ def test_tokens_compare_exactly_up_to_the_largest(client: Any, key: str) -> None
 def test_another_key_and_a_lost_lease_are_refused(client: Any, key: str) -> None:
     fenced = FencedRedis(client)
     fenced.set(key, "a", grant=lease("key:a", 1))
-    with pytest.raises(WrongLock):
+    with pytest.raises(WrongLock) as wrong:
         fenced.set(key, "b", grant=lease("key:b", 9))
+    assert str(wrong.value) == f"redis:{key} is guarded by another lock than 'key:b'"
     lost = lease("key:a", 2)
     lost.mark_lost()
     with pytest.raises(LeaseLost):
@@ -192,7 +193,7 @@ def test_the_django_cache_client(client: Any, key: str, settings: Any) -> None:
     fenced = FencedRedis("fenced")
     fenced.set(key, "via cache", grant=lease("c", 1))
     assert client_of_cache("fenced").get(key) == b"via cache"
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"it is LocMemCache\): give CACHES\['default'\] the BACKEND"):
         client_of_cache("default")
 
 
