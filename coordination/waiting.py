@@ -300,7 +300,7 @@ def grant_point_call(action: str, key: str, using: str | None) -> Iterator[None]
                 f"which lacks {len(missing)} of coordination's migrations (the latest missing: "
                 f"{missing[-1]}): run python manage.py migrate"
                 + ("" if alias == "default" else f" --database {alias}")
-                + f". Nothing was granted, renewed or released. The database said: {error}".strip(),
+                + f". Nothing was granted, renewed or released. The database said: {error}",
                 action=action, key=key,
             ) from error
         if not isinstance(error, (OperationalError, InterfaceError, InternalError)):
@@ -334,11 +334,11 @@ def _unapplied_migrations(alias: str) -> list[str]:
     handling applies)."""
     try:
         loader = MigrationLoader(connections[alias], ignore_no_migrations=True)
-        plan = [
-            node for node in loader.graph.forwards_plan(("coordination", loader.graph.leaf_nodes(
-                "coordination")[-1][1])) if node[0] == "coordination"
+        leaf = loader.graph.leaf_nodes("coordination")[-1]
+        return [
+            name for app, name in loader.graph.forwards_plan(leaf)
+            if app == "coordination" and (app, name) not in loader.applied_migrations
         ]
-        return [name for app, name in plan if (app, name) not in loader.applied_migrations]
     except Exception:  # the database cannot tell: not this error's cause
         return []
 

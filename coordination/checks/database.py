@@ -31,9 +31,9 @@ def grant_point_alias() -> str:
 def check_database(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
     """E001: the grant point's database must have a backend of its own (PostgreSQL or
     SQLite: elsewhere no trigger keeps watermarks from going down); E004: SQLite
-    needs IMMEDIATE transactions; E008: the database driver the grant point calls; W002:
-    ATOMIC_REQUESTS on it. What the database
-    asks of its settings is its backend's (``Dialect.check_settings``)."""
+    needs IMMEDIATE transactions; E008: the database driver the grant point calls;
+    W002: ATOMIC_REQUESTS on it. What the database asks of its settings is its
+    backend's (``Dialect.check_settings``)."""
     messages: list[CheckMessage] = []
     alias = grant_point_alias()
     config = settings.DATABASES.get(alias)
